@@ -1,0 +1,7 @@
+"""Job entry point: `python jobs/tokenize.py --input ... --out ...` (same as `tokenshards tokenize`)."""
+import sys
+
+from tokenshards.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["tokenize", *sys.argv[1:]]))

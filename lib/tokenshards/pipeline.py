@@ -1,0 +1,162 @@
+"""The tokenize job: plan on the cluster, tokenize on the cluster, commit the manifest last."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import dask
+import dask.dataframe as dd
+from distributed import Client, as_completed
+
+from . import manifest
+from .cluster import connect
+from .config import TokenizeConfig
+from .encoders import EncoderPlugin, load_encoding, plugin_name
+from .errors import OutputConflict, UserError
+from .partition import FRAME_META, RECORD_META, PartitionJob, read_piece, tokenize_and_write
+from .plan import BadInput, InputFile, plan_pieces, read_input_or_bad
+from .progress import Progress, human
+from .sources import resolve_inputs
+from .store import ensure_writable, filesystem, join
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    out: str
+    partitions: int
+    skipped_partitions: int
+    docs: int
+    tokens: int
+    skipped_null: int
+    skipped_empty: int
+    seconds: float
+    tokenize_seconds: float
+    """First task start to last task end, as the workers saw it."""
+
+    def lines(self) -> list[str]:
+        rate = self.tokens / self.seconds if self.seconds else 0.0
+        return [
+            f"done: {self.docs:,} documents, {self.tokens:,} tokens, skipped {self.skipped_null:,} null "
+            f"and {self.skipped_empty:,} empty rows",
+            f"      {self.partitions} partitions ({self.skipped_partitions} already committed), {self.seconds:.1f} s, "
+            f"{human(rate)} tokens/s overall, tokenizing phase {self.tokenize_seconds:.1f} s",
+            f"      output: {self.out}",
+        ]
+
+
+def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = print) -> Summary:
+    """Run the whole job; returns its summary. Raises ``UserError`` for anything the user can fix."""
+    t0 = time.perf_counter()
+    sources = resolve_inputs(config.inputs, config.storage_options)
+    out_fs, out_root = filesystem(config.out, config.storage_options)
+    if config.overwrite and out_fs.exists(out_root):
+        announce(f"--overwrite: removing the earlier run in {config.out}")
+        _remove_run(out_fs, out_root)
+    ensure_writable(out_fs, out_root, config.out)
+    loaded = load_encoding(config.encoding, announce=announce)
+    spec = loaded.spec
+
+    with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
+                 announce=announce) as client:
+        files, bad = _read_metadata(client, sources, config)
+        if not files:
+            raise UserError("every input was skipped as unreadable; nothing to tokenize")
+        for b in bad:
+            announce(f"skipping unreadable input: {b.reason}")
+        pieces = plan_pieces(files, target_bytes=config.partition_bytes)
+        identity = manifest.job_identity(
+            encoding=spec.as_dict(), encoding_fingerprint=loaded.fingerprint, eot_position=config.eot_position,
+            text_column=config.text_column, id_column=config.id_column, partition_bytes=config.partition_bytes,
+            inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes} for f in files],
+        )
+        job = manifest.identity_hash(identity)
+        _refuse_other_run(out_fs, out_root, identity, job)
+        committed = manifest.committed_entries(out_fs, out_root, job=job, pieces=pieces)
+        pending = [p for p in pieces if p.index not in committed]
+        announce(f"{len(sources)} input files, {sum(f.rows for f in files):,} rows, "
+                 f"{human(sum(p.text_bytes for p in pieces))}B of text in {len(pieces)} partitions"
+                 + (f"; {len(committed)} already committed, skipping them" if committed else ""))
+
+        client.register_plugin(EncoderPlugin(loaded))
+        part_job = PartitionJob(out=config.out, storage_options=config.storage_options, encoder_plugin=plugin_name(loaded),
+                                dtype=spec.dtype, eot_position=config.eot_position, text_column=config.text_column, job=job)
+        entries = dict(committed)
+        started, finished = _run_pieces(client, pending, part_job, config, entries, already_done=len(committed))
+
+    result = manifest.build_manifest(identity=identity, files=files, skipped=bad, entries=list(entries.values()))
+    manifest.write_manifest(out_fs, out_root, result)
+    totals = result["totals"]
+    return Summary(out=config.out, partitions=len(pieces), skipped_partitions=len(committed), docs=totals["docs"],
+                   tokens=totals["tokens"], skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
+                   seconds=time.perf_counter() - t0, tokenize_seconds=max(finished - started, 0.0))
+
+
+def _read_metadata(client: Client, sources, config: TokenizeConfig) -> tuple[list[InputFile], list[BadInput]]:
+    """Parquet footers are read by the workers: the client never opens a data file."""
+    futures = client.map(read_input_or_bad, [s.url for s in sources], [s.name for s in sources],
+                         on_bad_file=config.on_bad_file, text_column=config.text_column, id_column=config.id_column,
+                         storage_options=config.storage_options, pure=False)
+    try:
+        results = client.gather(futures)
+    finally:
+        client.cancel(futures)
+    return [r for r in results if isinstance(r, InputFile)], [r for r in results if isinstance(r, BadInput)]
+
+
+def _refuse_other_run(fs, root: str, identity: dict, job: str) -> None:
+    if not fs.exists(join(root, manifest.MANIFEST)):
+        return
+    old = manifest.read_manifest(fs, root)
+    if old.get("job") == job:
+        return
+    old_identity = {"encoding": old.get("encoding"), "eot_position": old.get("eot_position"),
+                    "text_column": old.get("text_column"), "id_column": old.get("id_column"),
+                    "partition_bytes": old.get("partition_bytes"),
+                    "inputs": [{"path": i["path"], "rows": i["rows"], "bytes": i["bytes"]} for i in old.get("inputs", [])]}
+    new_identity = {k: identity[k] for k in old_identity}
+    raise OutputConflict(f"{root} already holds a different run (differs in: {manifest.describe_conflict(old_identity, new_identity)}); "
+                         "use another --out, or pass --overwrite to replace it")
+
+
+def _remove_run(fs, root: str) -> None:
+    for name in (manifest.MANIFEST, "parts"):
+        path = join(root, name)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+
+def _run_pieces(client: Client, pending, part_job: PartitionJob, config: TokenizeConfig, entries: dict[int, dict],
+                *, already_done: int) -> tuple[float, float]:
+    """Tokenize every pending piece; fill ``entries``; return (first start, last end) times."""
+    progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
+    if not pending:
+        return 0.0, 0.0
+    # Our frames already hold Arrow strings; dask's convert-string pass would copy every text.
+    with dask.config.set({"dataframe.convert-string": False}):
+        frames = dd.from_map(read_piece, pending, text_column=config.text_column,
+                             storage_options=config.storage_options, meta=FRAME_META, enforce_metadata=False)
+        records = frames.map_partitions(tokenize_and_write, job=part_job, meta=RECORD_META, enforce_metadata=False)
+        futures = client.compute(records.to_delayed(), retries=config.retries)
+    piece_of = {f.key: p for f, p in zip(futures, pending)}
+    first, last = float("inf"), 0.0
+    try:
+        for future in as_completed(futures):
+            piece = piece_of[future.key]
+            try:
+                row = future.result().iloc[0]
+            except UserError:
+                raise
+            except Exception as e:
+                raise UserError(f"partition {piece.index} ({piece.input}, row groups {piece.row_groups[0]}.."
+                                f"{piece.row_groups[1] - 1}) failed: {type(e).__name__}: {e}") from e
+            entries[piece.index] = row["entry"]
+            first, last = min(first, row["started"]), max(last, row["finished"])
+            progress.update(row["entry"]["tokens"])
+            future.release()
+    except BaseException:
+        client.cancel(futures)
+        raise
+    finally:
+        progress.close()
+    return first, last

@@ -1,0 +1,122 @@
+"""Parquet metadata → a deterministic partition plan.
+
+A partition is a run of consecutive row groups of one file, about ``target_bytes`` of text.
+The plan depends only on the inputs and the target, never on the cluster, so partition N is
+the same rows whoever runs it, and a rerun can trust what an earlier run committed.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import InputError
+from .store import filesystem
+
+STRING_TYPES = (pa.string(), pa.large_string(), pa.string_view())
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputFile:
+    url: str
+    name: str
+    rows: int
+    bytes: int
+    row_group_rows: tuple[int, ...]
+    row_group_text_bytes: tuple[int, ...]
+    id_column: str | None
+    """The column document ids come from, or None for ``"<name>:<row>"``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BadInput:
+    url: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Piece:
+    index: int
+    input: str
+    name: str
+    row_groups: tuple[int, int]
+    """[first, stop) row-group numbers."""
+    first_row: int
+    rows: int
+    text_bytes: int
+    id_column: str | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_input_metadata(url: str, name: str, *, text_column: str, id_column: str | None,
+                        storage_options: dict | None = None) -> InputFile:
+    """Footer only: row counts, row groups and the text column's size. Runs on a worker."""
+    fs, path = filesystem(url, storage_options)
+    try:
+        size = fs.size(path)
+        with fs.open(path, "rb") as f:
+            meta = pq.ParquetFile(f).metadata
+            schema = meta.schema.to_arrow_schema()
+    except FileNotFoundError as e:
+        raise InputError(f"{url}: file not found") from e
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{url}: not a readable parquet file ({str(e).splitlines()[0]}); re-download or remove it, "
+                         "or pass --on-bad-file skip") from e
+    if text_column not in schema.names:
+        raise InputError(f"{url}: no text column {text_column!r}; columns are {', '.join(schema.names)}; pass --text-column NAME")
+    text_type = schema.field(text_column).type
+    if text_type not in STRING_TYPES:
+        raise InputError(f"{url}: column {text_column!r} holds {text_type}, not strings; pass --text-column with a string column")
+    if id_column is not None and id_column not in schema.names:
+        raise InputError(f"{url}: no id column {id_column!r}; columns are {', '.join(schema.names)}")
+    resolved_id = id_column if id_column is not None else ("id" if "id" in schema.names else None)
+    rg_rows, rg_bytes = [], []
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        rg_rows.append(rg.num_rows)
+        rg_bytes.append(_column_bytes(rg, text_column))
+    return InputFile(url=url, name=name, rows=meta.num_rows, bytes=size, row_group_rows=tuple(rg_rows),
+                     row_group_text_bytes=tuple(rg_bytes), id_column=resolved_id)
+
+
+def _column_bytes(row_group: pq.RowGroupMetaData, name: str) -> int:
+    for j in range(row_group.num_columns):
+        col = row_group.column(j)
+        if col.path_in_schema == name:
+            return col.total_uncompressed_size
+    return row_group.total_byte_size
+
+
+def read_input_or_bad(url: str, name: str, *, on_bad_file: str, **kwargs) -> InputFile | BadInput:
+    """``--on-bad-file skip``: an unreadable file becomes a ``BadInput`` instead of an error."""
+    try:
+        return read_input_metadata(url, name, **kwargs)
+    except InputError as e:
+        if on_bad_file == "skip":
+            return BadInput(url=url, reason=str(e))
+        raise
+
+
+def plan_pieces(files: list[InputFile], *, target_bytes: int) -> list[Piece]:
+    """Greedy runs of row groups per file, each about ``target_bytes`` of text; a row group
+    larger than the target is a piece by itself. Empty row groups join their neighbours."""
+    pieces: list[Piece] = []
+    for f in sorted(files, key=lambda f: f.url):
+        start = row = first_row = size = 0
+        for i, (n, b) in enumerate(zip(f.row_group_rows, f.row_group_text_bytes)):
+            if i > start and size + b > target_bytes:
+                pieces.append(_piece(len(pieces), f, start, i, first_row, row - first_row, size))
+                start, first_row, size = i, row, 0
+            row += n
+            size += b
+        if len(f.row_group_rows) > start:
+            pieces.append(_piece(len(pieces), f, start, len(f.row_group_rows), first_row, row - first_row, size))
+    return pieces
+
+
+def _piece(index: int, f: InputFile, start: int, stop: int, first_row: int, rows: int, size: int) -> Piece:
+    return Piece(index=index, input=f.url, name=f.name, row_groups=(start, stop), first_row=first_row,
+                 rows=rows, text_bytes=size, id_column=f.id_column)
