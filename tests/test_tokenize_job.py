@@ -1,0 +1,137 @@
+"""The whole job on a real LocalCluster; outputs read back with plain numpy/pyarrow."""
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from distributed import LocalCluster
+
+from conftest import write_parquet
+from readback import expected_tokens, read_documents
+from test_tokenize_pure import AWKWARD
+from tokenshards.config import TokenizeConfig
+from tokenshards.demo import build_demo_corpus
+from tokenshards.pipeline import run_tokenize
+
+TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Real text (CPython's docs) in FineWeb columns, plus files shaped to be awkward."""
+    root = tmp_path_factory.mktemp("corpus")
+    build_demo_corpus(root / "demo", files=2, row_group_rows=50)
+    write_parquet(root / "awkward" / "rg1.parquet", {"text": AWKWARD, "id": [f"a{i}" for i in range(len(AWKWARD))]},
+                  row_group_size=1)
+    many = [f"row {i}: {'word ' * (i % 17)}" if i % 101 else None for i in range(20_000)]
+    write_parquet(root / "awkward" / "rg10k.parquet", {"text": many, "id": [f"m{i}" for i in range(20_000)]},
+                  row_group_size=10_000)
+    write_parquet(root / "awkward" / "noid_extra.parquet",
+                  {"lang": ["en", "zh", "he"], "text": ["hello", "你好", "שלום"], "score": [0.1, 0.2, 0.3]})
+    return root
+
+
+def _texts_by_key(paths, text_column="text"):
+    import pyarrow.parquet as pq
+
+    out = {}
+    for p in paths:
+        table = pq.read_table(p)
+        ids = table.column("id").to_pylist() if "id" in table.column_names else None
+        for row, text in enumerate(table.column(text_column).to_pylist()):
+            out[(str(p), row)] = (text, ids[row] if ids else f"{Path(p).name}:{row}")
+    return out
+
+
+def _check_every_document(out, inputs, enc, eot_position="prefix"):
+    docs = read_documents(out)
+    source = _texts_by_key(inputs)
+    want_keys = {k for k, (text, _) in source.items() if text}
+    assert set(docs) == want_keys
+    for key, (doc_id, tokens) in docs.items():
+        text, want_id = source[key]
+        assert doc_id == want_id
+        assert tokens == expected_tokens(enc, text, eot_position), key
+    return docs
+
+
+def test_every_document_matches_tiktoken(tokenize, corpus, gpt2):
+    inputs = sorted(corpus.rglob("*.parquet"))
+    summary, out = tokenize([corpus / "demo" / "*.parquet", corpus / "awkward"], partition_bytes=60_000)
+    _check_every_document(out, inputs, gpt2)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format"] == "tokenshards/1"
+    assert manifest["encoding"] == {"name": "gpt2", "n_vocab": 50257, "eot": 50256, "dtype": "uint16"}
+    assert manifest["eot_position"] == "prefix" and manifest["text_column"] == "text"
+    assert [i["path"] for i in manifest["inputs"]] == [str(p) for p in inputs]
+    assert summary.partitions == len(manifest["partitions"]) > len(inputs)
+    assert manifest["totals"]["skipped_null"] == 1 + 199 and manifest["totals"]["skipped_empty"] == 1
+    assert summary.docs == manifest["totals"]["docs"] and summary.tokens == manifest["totals"]["tokens"]
+    for part in manifest["partitions"]:
+        assert not Path(part["tokens_file"]).is_absolute()
+        assert (out / part["tokens_file"].replace(".tokens.npy", ".done.json")).exists()
+    assert not list(out.rglob("*.tmp"))
+
+
+@pytest.mark.parametrize("eot_position", ["suffix", "none"])
+def test_eot_position(tokenize, corpus, gpt2, eot_position):
+    inputs = [corpus / "awkward" / "rg1.parquet"]
+    _, out = tokenize(inputs, eot_position=eot_position)
+    _check_every_document(out, inputs, gpt2, eot_position)
+    assert json.loads((out / "manifest.json").read_text())["eot_position"] == eot_position
+
+
+def test_cl100k_writes_uint32(tokenize, corpus, cl100k):
+    inputs = [corpus / "awkward" / "rg1.parquet"]
+    _, out = tokenize(inputs, encoding="cl100k_base")
+    _check_every_document(out, inputs, cl100k)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["encoding"] == {"name": "cl100k_base", "n_vocab": cl100k.n_vocab, "eot": 100257, "dtype": "uint32"}
+
+
+def test_other_text_and_id_columns(tokenize, tmp_path, gpt2):
+    path = write_parquet(tmp_path / "in.parquet", {"body": ["x y", None, "z"], "key": [7, 8, 9], "text": [1, 2, 3]})
+    _, out = tokenize([path], text_column="body", id_column="key")
+    docs = read_documents(out)
+    assert [(k[1], v[0]) for k, v in sorted(docs.items())] == [(0, "7"), (2, "9")]
+    assert docs[(str(path), 2)][1] == expected_tokens(gpt2, "z")
+
+
+def test_same_bytes_for_one_worker_and_eight(corpus, tmp_path, cluster):
+    inputs = (str(corpus / "demo" / "*.parquet"), str(corpus / "awkward"))
+    outs = []
+    with LocalCluster(n_workers=8, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=logging.CRITICAL) as eight:
+        for name, address in (("one", None), ("eight", eight.scheduler_address)):
+            config = TokenizeConfig(inputs=inputs, out=str(tmp_path / name), partition_bytes=40_000, progress="none",
+                                    workers=1 if address is None else None, scheduler=address, dashboard_address=":0")
+            run_tokenize(config, announce=lambda m: None)
+            outs.append(tmp_path / name)
+    files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file())
+    assert len(files) > 20
+    assert files == sorted(p.relative_to(outs[1]) for p in outs[1].rglob("*") if p.is_file())
+    for rel in files:
+        assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), rel
+
+
+def test_cli_runs_and_prints_summary(corpus, tmp_path):
+    out = tmp_path / "cli-out"
+    proc = subprocess.run([TOKENSHARDS, "tokenize", "--input", str(corpus / "awkward" / "rg1.parquet"), "--out", str(out),
+                           "--workers", "1", "--dashboard-address", ":0", "--progress", "log"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "dashboard: http://" in proc.stderr
+    assert "partitions 1/1" in proc.stderr
+    assert "10 documents" in proc.stdout and f"output: {out}" in proc.stdout
+    assert (out / "manifest.json").exists()
+
+
+def test_cli_unknown_encoding_is_one_line(corpus, tmp_path):
+    proc = subprocess.run([TOKENSHARDS, "tokenize", "--input", str(corpus / "awkward" / "rg1.parquet"),
+                           "--out", str(tmp_path / "o"), "--encoding", "gpt5"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("tokenshards: error: unknown encoding 'gpt5': expected one of")
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
