@@ -12,6 +12,9 @@ from .store import join, read_json, write_json
 
 FORMAT = "tokenshards/1"
 MANIFEST = "manifest.json"
+JOB_FILE = "tokenshards-job.json"
+"""What the run in OUT was asked to do; written before the first partition, so a rerun with
+other inputs or options can say exactly what differs."""
 TOTAL_KEYS = ("rows", "docs", "tokens", "skipped_null", "skipped_empty")
 
 
@@ -93,9 +96,50 @@ def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pie
 
 
 def describe_conflict(old: dict, new: dict) -> str:
-    """Which top-level identity keys differ, for a one-line refusal."""
-    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-    return ", ".join(keys) if keys else "nothing visible"
+    """What differs between two job identities, in a few words for a one-line refusal."""
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        if key == "inputs" or old.get(key) == new.get(key):
+            continue
+        changes.append(f"{key} {old.get(key)!r} → {new.get(key)!r}")
+    old_inputs = {i["path"]: i for i in old.get("inputs", [])}
+    new_inputs = {i["path"]: i for i in new.get("inputs", [])}
+    added = len(new_inputs.keys() - old_inputs.keys())
+    removed = len(old_inputs.keys() - new_inputs.keys())
+    changed = sum(1 for k in old_inputs.keys() & new_inputs.keys() if old_inputs[k] != new_inputs[k])
+    if added or removed or changed:
+        changes.append(f"inputs ({added} added, {removed} removed, {changed} changed in size or rows)")
+    return "; ".join(changes) or "nothing visible"
+
+
+def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, url: str) -> None:
+    """Record this job in OUT, or refuse when OUT already holds a different one."""
+    path = join(root, JOB_FILE)
+    if fs.exists(path):
+        old = read_json(fs, path)
+        if old != identity:
+            raise OutputConflict(f"{url} already holds a different run ({describe_conflict(old, identity)}); "
+                                 "use another --out, or pass --overwrite to replace it")
+        return
+    if fs.exists(join(root, MANIFEST)) or fs.glob(join(root, "parts", "part-*.done.json")):
+        raise OutputConflict(f"{url} already holds output that is not this run's; use another --out, or pass --overwrite to replace it")
+    write_json(fs, path, identity)
+
+
+def remove_run(fs: fsspec.AbstractFileSystem, root: str) -> None:
+    """Everything a run writes in OUT (``--overwrite``); other files there are left alone."""
+    for name in (MANIFEST, JOB_FILE, "parts"):
+        path = join(root, name)
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+
+
+def remove_stale_temporaries(fs: fsspec.AbstractFileSystem, root: str) -> int:
+    """Temporary files of writers that died (a killed worker); a rerun rewrites their parts."""
+    stale = fs.glob(join(root, "parts", "*.tmp"))
+    for path in stale:
+        fs.rm(path)
+    return len(stale)
 
 
 def build_manifest(*, identity: dict, files: list[InputFile], skipped: list[BadInput], entries: list[dict],
@@ -116,10 +160,17 @@ def build_manifest(*, identity: dict, files: list[InputFile], skipped: list[BadI
         "partition_bytes": identity["partition_bytes"],
     }
     if skipped:
-        manifest["skipped_inputs"] = [{"path": b.url, "reason": b.reason} for b in skipped]
+        manifest["skipped_inputs"] = [_skipped_entry(b) for b in skipped]
     if extra:
         manifest.update(extra)
     return manifest
+
+
+def _skipped_entry(bad: BadInput) -> dict:
+    entry = {"path": bad.url, "reason": bad.reason}
+    if bad.partition is not None:
+        entry.update(partition=bad.partition, row_groups=list(bad.row_groups))
+    return entry
 
 
 def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: dict) -> None:

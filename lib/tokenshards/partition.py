@@ -25,6 +25,7 @@ from .store import filesystem, join, write_atomic
 from .tokenize import tokenize_texts
 
 PIECE_ATTR = "tokenshards_piece"
+SKIP_ATTR = "tokenshards_unreadable"
 FRAME_META = pd.DataFrame({
     "row": pd.Series([], dtype="int64"),
     "id": pd.Series([], dtype=pd.ArrowDtype(pa.string())),
@@ -32,6 +33,7 @@ FRAME_META = pd.DataFrame({
 })
 RECORD_META = pd.DataFrame({
     "entry": pd.Series([], dtype=object),
+    "unreadable": pd.Series([], dtype=object),
     "started": pd.Series([], dtype="float64"),
     "finished": pd.Series([], dtype="float64"),
 })
@@ -50,8 +52,23 @@ class PartitionJob:
     job: str
 
 
-def read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.DataFrame:
-    """The piece's rows as (row, id, text); ids are None when the source has no id column."""
+def read_piece(piece: Piece, *, text_column: str, storage_options: dict, on_bad_file: str = "fail") -> pd.DataFrame:
+    """The piece's rows as (row, id, text); ids are None when the source has no id column.
+
+    With ``on_bad_file="skip"`` an unreadable piece becomes an empty frame that says why.
+    """
+    try:
+        frame = _read_piece(piece, text_column=text_column, storage_options=storage_options)
+    except InputError as e:
+        if on_bad_file != "skip":
+            raise
+        frame = FRAME_META.copy()
+        frame.attrs[SKIP_ATTR] = str(e)
+    frame.attrs[PIECE_ATTR] = piece
+    return frame
+
+
+def _read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.DataFrame:
     fs, path = filesystem(piece.input, storage_options)
     columns = [text_column] + ([piece.id_column] if piece.id_column and piece.id_column != text_column else [])
     try:
@@ -71,7 +88,6 @@ def read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.D
         "id": pd.Series(pd.arrays.ArrowExtensionArray(ids)),
         "text": pd.Series(pd.arrays.ArrowExtensionArray(text.cast(pa.large_string()))),
     })
-    frame.attrs[PIECE_ATTR] = piece
     return frame
 
 
@@ -82,6 +98,9 @@ def tokenize_and_write(frame: pd.DataFrame, *, job: PartitionJob) -> pd.DataFram
     """
     started = time.time()
     piece: Piece = frame.attrs[PIECE_ATTR]
+    if SKIP_ATTR in frame.attrs:
+        return pd.DataFrame({"entry": [None], "unreadable": [frame.attrs[SKIP_ATTR]], "started": [started],
+                             "finished": [time.time()]})
     texts = pa.array(frame["text"]).to_pylist()
     batch = tokenize_texts(texts, worker_encoding(job.encoder_plugin), eot_position=job.eot_position, dtype=job.dtype)
     rows = frame["row"].to_numpy()[batch.kept]
@@ -104,7 +123,7 @@ def tokenize_and_write(frame: pd.DataFrame, *, job: PartitionJob) -> pd.DataFram
     )
     # The done record goes last: its presence is what commits the partition.
     write_atomic(fs, join(root, manifest.done_file(piece.index)), json.dumps(manifest.done_record(entry, job.job)).encode())
-    return pd.DataFrame({"entry": [entry], "started": [started], "finished": [time.time()]})
+    return pd.DataFrame({"entry": [entry], "unreadable": [None], "started": [started], "finished": [time.time()]})
 
 
 def _npy_bytes(tokens: np.ndarray) -> bytes:

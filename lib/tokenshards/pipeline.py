@@ -13,7 +13,7 @@ from . import manifest
 from .cluster import connect
 from .config import TokenizeConfig
 from .encoders import EncoderPlugin, load_encoding, plugin_name
-from .errors import OutputConflict, UserError
+from .errors import UserError
 from .partition import FRAME_META, RECORD_META, PartitionJob, read_piece, tokenize_and_write
 from .plan import BadInput, InputFile, plan_pieces, read_input_or_bad
 from .progress import Progress, human
@@ -52,7 +52,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     out_fs, out_root = filesystem(config.out, config.storage_options)
     if config.overwrite and out_fs.exists(out_root):
         announce(f"--overwrite: removing the earlier run in {config.out}")
-        _remove_run(out_fs, out_root)
+        manifest.remove_run(out_fs, out_root)
     ensure_writable(out_fs, out_root, config.out)
     loaded = load_encoding(config.encoding, announce=announce)
     spec = loaded.spec
@@ -71,7 +71,8 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
             inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes} for f in files],
         )
         job = manifest.identity_hash(identity)
-        _refuse_other_run(out_fs, out_root, identity, job)
+        manifest.claim_output(out_fs, out_root, identity, url=config.out)
+        manifest.remove_stale_temporaries(out_fs, out_root)
         committed = manifest.committed_entries(out_fs, out_root, job=job, pieces=pieces)
         pending = [p for p in pieces if p.index not in committed]
         announce(f"{len(sources)} input files, {sum(f.rows for f in files):,} rows, "
@@ -82,7 +83,8 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
         part_job = PartitionJob(out=config.out, storage_options=config.storage_options, encoder_plugin=plugin_name(loaded),
                                 dtype=spec.dtype, eot_position=config.eot_position, text_column=config.text_column, job=job)
         entries = dict(committed)
-        started, finished = _run_pieces(client, pending, part_job, config, entries, already_done=len(committed))
+        started, finished = _run_pieces(client, pending, part_job, config, entries, bad, already_done=len(committed),
+                                        announce=announce)
 
     result = manifest.build_manifest(identity=identity, files=files, skipped=bad, entries=list(entries.values()))
     manifest.write_manifest(out_fs, out_root, result)
@@ -104,38 +106,17 @@ def _read_metadata(client: Client, sources, config: TokenizeConfig) -> tuple[lis
     return [r for r in results if isinstance(r, InputFile)], [r for r in results if isinstance(r, BadInput)]
 
 
-def _refuse_other_run(fs, root: str, identity: dict, job: str) -> None:
-    if not fs.exists(join(root, manifest.MANIFEST)):
-        return
-    old = manifest.read_manifest(fs, root)
-    if old.get("job") == job:
-        return
-    old_identity = {"encoding": old.get("encoding"), "eot_position": old.get("eot_position"),
-                    "text_column": old.get("text_column"), "id_column": old.get("id_column"),
-                    "partition_bytes": old.get("partition_bytes"),
-                    "inputs": [{"path": i["path"], "rows": i["rows"], "bytes": i["bytes"]} for i in old.get("inputs", [])]}
-    new_identity = {k: identity[k] for k in old_identity}
-    raise OutputConflict(f"{root} already holds a different run (differs in: {manifest.describe_conflict(old_identity, new_identity)}); "
-                         "use another --out, or pass --overwrite to replace it")
-
-
-def _remove_run(fs, root: str) -> None:
-    for name in (manifest.MANIFEST, "parts"):
-        path = join(root, name)
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
-
-
 def _run_pieces(client: Client, pending, part_job: PartitionJob, config: TokenizeConfig, entries: dict[int, dict],
-                *, already_done: int) -> tuple[float, float]:
-    """Tokenize every pending piece; fill ``entries``; return (first start, last end) times."""
+                unreadable: list[BadInput], *, already_done: int, announce: Callable[[str], None]) -> tuple[float, float]:
+    """Tokenize every pending piece; fill ``entries`` (and ``unreadable`` under --on-bad-file skip);
+    return (first start, last end) times of the tasks."""
     progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
     if not pending:
         return 0.0, 0.0
     # Our frames already hold Arrow strings; dask's convert-string pass would copy every text.
     with dask.config.set({"dataframe.convert-string": False}):
-        frames = dd.from_map(read_piece, pending, text_column=config.text_column,
-                             storage_options=config.storage_options, meta=FRAME_META, enforce_metadata=False)
+        frames = dd.from_map(read_piece, pending, text_column=config.text_column, storage_options=config.storage_options,
+                             on_bad_file=config.on_bad_file, meta=FRAME_META, enforce_metadata=False)
         records = frames.map_partitions(tokenize_and_write, job=part_job, meta=RECORD_META, enforce_metadata=False)
         futures = client.compute(records.to_delayed(), retries=config.retries)
     piece_of = {f.key: p for f, p in zip(futures, pending)}
@@ -150,6 +131,12 @@ def _run_pieces(client: Client, pending, part_job: PartitionJob, config: Tokeniz
             except Exception as e:
                 raise UserError(f"partition {piece.index} ({piece.input}, row groups {piece.row_groups[0]}.."
                                 f"{piece.row_groups[1] - 1}) failed: {type(e).__name__}: {e}") from e
+            if row["unreadable"] is not None:
+                announce(f"skipping unreadable partition {piece.index}: {row['unreadable']}")
+                unreadable.append(BadInput(url=piece.input, reason=row["unreadable"], partition=piece.index,
+                                           row_groups=piece.row_groups))
+                progress.update(0)
+                continue
             entries[piece.index] = row["entry"]
             first, last = min(first, row["started"]), max(last, row["finished"])
             progress.update(row["entry"]["tokens"])

@@ -31,8 +31,12 @@ class InputFile:
 
 @dataclass(frozen=True, kw_only=True)
 class BadInput:
+    """An input (or, found while tokenizing, one partition of it) skipped as unreadable."""
+
     url: str
     reason: str
+    partition: int | None = None
+    row_groups: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
