@@ -1,0 +1,119 @@
+"""Bad input: one line naming the file and column, a non-zero exit, and no manifest."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import write_parquet
+from readback import read_documents
+from tokenshards.errors import InputError, OutputConflict, UserError
+
+TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
+TEXTS = [f"document number {i} with some words in it" for i in range(200)]
+
+
+@pytest.fixture
+def good(tmp_path):
+    return write_parquet(tmp_path / "in" / "good.parquet", {"text": TEXTS, "id": [str(i) for i in range(200)]},
+                         row_group_size=50)
+
+
+def _corrupt_data_pages(path: Path) -> None:
+    """Footer intact (metadata reads fine), page data destroyed."""
+    raw = bytearray(path.read_bytes())
+    footer = int.from_bytes(raw[-8:-4], "little") + 8
+    for i in range(8, len(raw) - footer - 8):
+        raw[i] = 0xFF
+    path.write_bytes(bytes(raw))
+
+
+def test_missing_text_column_lists_columns(tokenize, tmp_path):
+    path = write_parquet(tmp_path / "a.parquet", {"body": ["x"], "url": ["u"]})
+    with pytest.raises(InputError, match=r"a\.parquet: no text column 'text'; columns are body, url; pass --text-column NAME"):
+        tokenize([path])
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_text_column_not_strings(tokenize, tmp_path):
+    path = write_parquet(tmp_path / "a.parquet", {"text": [1, 2]})
+    with pytest.raises(InputError, match=r"a\.parquet: column 'text' holds int64, not strings"):
+        tokenize([path])
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_unreadable_file_named(tokenize, good, damage):
+    raw = good.read_bytes()
+    good.write_bytes(b"not parquet at all" * 10 if damage == "garbage" else raw[: len(raw) // 2])
+    with pytest.raises(InputError, match=r"good\.parquet: not a readable parquet file .*pass --on-bad-file skip"):
+        tokenize([good])
+
+
+def test_corrupt_pages_fail_the_job_naming_the_row_groups(tokenize, good, tmp_path):
+    _corrupt_data_pages(good)
+    with pytest.raises(InputError, match=r"good\.parquet: row groups \d+\.\.\d+ unreadable"):
+        tokenize([good], partition_bytes=1)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_skip_records_unreadable_files_and_partitions(tokenize, good, tmp_path, gpt2):
+    broken = tmp_path / "in" / "broken.parquet"
+    broken.write_bytes(b"garbage")
+    pages = write_parquet(tmp_path / "in" / "pages.parquet", {"text": TEXTS}, row_group_size=100)
+    _corrupt_data_pages(pages)
+    summary, out = tokenize([tmp_path / "in"], on_bad_file="skip")
+    manifest = json.loads((out / "manifest.json").read_text())
+    skipped = {Path(s["path"]).name: s for s in manifest["skipped_inputs"]}
+    assert set(skipped) == {"broken.parquet", "pages.parquet"}
+    assert "not a readable parquet file" in skipped["broken.parquet"]["reason"]
+    assert skipped["pages.parquet"]["row_groups"] == [0, 2]
+    docs = read_documents(out)
+    assert {Path(k[0]).name for k in docs} == {"good.parquet"} and summary.docs == 200
+
+
+def test_path_matching_nothing(tokenize, tmp_path):
+    with pytest.raises(UserError, match=r"input '.*nothing-\*\.parquet' matches no file"):
+        tokenize([tmp_path / "nothing-*.parquet"])
+
+
+def test_output_that_cannot_be_written(tokenize, good, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(UserError, match=r"cannot write to output '.*a-file/out'"):
+        tokenize([good], out=blocker / "out")
+
+
+def test_rerun_with_other_options_refuses_unless_overwrite(tokenize, good, tmp_path):
+    tokenize([good])
+    with pytest.raises(OutputConflict, match=r"already holds a different run \(eot_position 'prefix' → 'suffix'\)"):
+        tokenize([good], eot_position="suffix")
+    extra = write_parquet(tmp_path / "in" / "extra.parquet", {"text": ["more"]})
+    with pytest.raises(OutputConflict, match=r"inputs \(1 added, 0 removed, 0 changed"):
+        tokenize([good, extra])
+    summary, out = tokenize([good], eot_position="suffix", overwrite=True)
+    assert json.loads((out / "manifest.json").read_text())["eot_position"] == "suffix"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--text-column", "body"], r"no text column 'body'; columns are text, id"),
+    (["--encoding", "nope"], r"unknown encoding 'nope'"),
+])
+def test_cli_one_line_exit_2_no_traceback(good, tmp_path, args, message):
+    out = tmp_path / "cli"
+    proc = subprocess.run([TOKENSHARDS, "tokenize", "--input", str(good), "--out", str(out), "--workers", "1",
+                           "--dashboard-address", ":0", "--progress", "none", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("tokenshards: error:")]
+    assert len(errors) == 1 and __import__("re").search(message, errors[0]), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (out / "manifest.json").exists()
+
+
+def test_debug_shows_the_traceback(good, tmp_path):
+    proc = subprocess.run([TOKENSHARDS, "--debug", "tokenize", "--input", str(good), "--out", str(tmp_path / "o"),
+                           "--encoding", "nope"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" in proc.stderr
