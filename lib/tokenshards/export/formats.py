@@ -1,0 +1,130 @@
+"""Pure: the files each training codebase reads, as names and regions (see layout.py).
+
+- ``llmc``: llm.c's ``write_datafile`` layout, read unchanged by llm.c's C loader and
+  modded-nanogpt's ``_load_data_shard``: 256 little-endian int32 (magic, version, token count,
+  then zeros) followed by the tokens. GPT-2-sized vocabularies: magic 20240520, version 1,
+  uint16. Larger ones: llm.c's llama-3 variant, magic 20240801, version 7, uint32.
+- ``npy``: build-nanogpt's shards, ``np.save`` of a 1-D array (its ``load_tokens`` casts to int32).
+- ``nanogpt``: nanoGPT's ``train.bin`` / ``val.bin``: raw uint16, its ``np.memmap`` dtype.
+- ``megatron``: Megatron-LM's indexed dataset (``MMIDIDX``), one sequence per document.
+
+Shard names follow llm.c's ``fineweb.py``: one running number, validation shards first.
+"""
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+
+from ..errors import UserError
+from .layout import DocIndex, DocLengths, DocPointers, Literal, OutFile, Streams, TokenRun
+
+FORMATS = ("llmc", "npy", "nanogpt", "megatron")
+DEFAULT_PREFIX = "fineweb"
+"""llm.c's and modded-nanogpt's default globs (``fineweb_train_*.bin``) then match unchanged."""
+
+LLMC_HEADER_INTS = 256
+LLMC_GPT2 = (20240520, 1, "<u2")
+LLMC_LLAMA3 = (20240801, 7, "<u4")
+LLMC_MAX_TOKENS = 2**31 - 1
+"""The header stores the token count in an int32."""
+
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_VERSION = 1
+MEGATRON_DTYPE_CODES = {"<u2": 8, "<i4": 4}
+"""Megatron's DType enum: 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64, 7 float32, 8 uint16.
+It has no uint32; its own preprocessing writes int32 for vocabularies over uint16's range."""
+
+
+def llmc_header(*, magic: int, version: int, tokens: int) -> bytes:
+    header = np.zeros(LLMC_HEADER_INTS, dtype="<i4")
+    header[:3] = magic, version, tokens
+    return header.tobytes()
+
+
+def npy_header(*, dtype: str, count: int) -> bytes:
+    """Exactly the bytes ``np.save`` writes before a 1-D C-order array of this dtype and length."""
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                               "fortran_order": False, "shape": (count,)})
+    return buf.getvalue()
+
+
+def megatron_idx_header(*, dtype: str, docs: int) -> bytes:
+    """Magic, version, dtype code, sequence count, then the length of the document index
+    array (documents + 1: it starts with 0), as Megatron's ``_IndexWriter`` writes them."""
+    return (MEGATRON_MAGIC + struct.pack("<Q", MEGATRON_VERSION) + struct.pack("<B", MEGATRON_DTYPE_CODES[dtype])
+            + struct.pack("<Q", docs) + struct.pack("<Q", docs + 1))
+
+
+def output_dtype(fmt: str, source_dtype: str) -> str:
+    """The dtype a format stores; refuses what its reader cannot take."""
+    wide = np.dtype(source_dtype).itemsize > 2
+    if fmt == "llmc":
+        return LLMC_LLAMA3[2] if wide else LLMC_GPT2[2]
+    if fmt == "npy":
+        return "<u4" if wide else "<u2"
+    if fmt == "nanogpt":
+        if wide:
+            raise UserError("nanoGPT's train.py reads train.bin/val.bin as uint16, but this output's encoding needs "
+                            "uint32 ids; export --format llmc (llama-3 layout), npy or megatron instead")
+        return "<u2"
+    if fmt == "megatron":
+        return "<i4" if wide else "<u2"
+    raise UserError(f"format={fmt!r} not supported, expected one of {FORMATS}")
+
+
+def shard_files(*, fmt: str, prefix: str, streams: Streams, shard_tokens: int, dtype: str) -> list[OutFile]:
+    """The files of ``fmt`` for these streams; splits with no tokens get no file."""
+    if fmt in ("llmc", "npy"):
+        files = []
+        number = 0
+        for split in ("val", "train"):
+            total = streams.tokens(split)
+            for first in range(0, total, shard_tokens):
+                count = min(shard_tokens, total - first)
+                if fmt == "llmc":
+                    magic, version, _ = LLMC_LLAMA3 if dtype == "<u4" else LLMC_GPT2
+                    head = llmc_header(magic=magic, version=version, tokens=count)
+                    name = f"{prefix}_{split}_{number:06d}.bin"
+                else:
+                    head = npy_header(dtype=dtype, count=count)
+                    name = f"{prefix}_{split}_{number:06d}.npy"
+                files.append(OutFile(name=name, split=split, tokens=count,
+                                     regions=(Literal(head), TokenRun(split, first, count, dtype))))
+                number += 1
+        return files
+    if fmt == "nanogpt":
+        return [OutFile(name=f"{split}.bin", split=split, tokens=streams.tokens(split),
+                        regions=(TokenRun(split, 0, streams.tokens(split), dtype),))
+                for split in ("train", "val") if streams.tokens(split)]
+    if fmt == "megatron":
+        files = []
+        for split in ("train", "val"):
+            if not streams.tokens(split):
+                continue
+            stem = f"{prefix}_text_document" if split == "train" else f"{prefix}_val_text_document"
+            n = streams.docs(split)
+            files.append(OutFile(name=f"{stem}.bin", split=split, tokens=streams.tokens(split),
+                                 regions=(TokenRun(split, 0, streams.tokens(split), dtype),)))
+            files.append(OutFile(name=f"{stem}.idx", split=split, tokens=0, regions=(
+                Literal(megatron_idx_header(dtype=dtype, docs=n)), DocLengths(split, n),
+                DocPointers(split, n, np.dtype(dtype).itemsize), DocIndex(n + 1))))
+        return files
+    raise UserError(f"format={fmt!r} not supported, expected one of {FORMATS}")
+
+
+def name_patterns(fmt: str, prefix: str) -> list[str]:
+    """Globs matching every file an export of ``fmt`` could write (to find an earlier one's)."""
+    return {
+        "llmc": [f"{prefix}_val_*.bin", f"{prefix}_train_*.bin"],
+        "npy": [f"{prefix}_val_*.npy", f"{prefix}_train_*.npy"],
+        "nanogpt": ["train.bin", "val.bin"],
+        "megatron": [f"{prefix}_text_document.bin", f"{prefix}_text_document.idx",
+                     f"{prefix}_val_text_document.bin", f"{prefix}_val_text_document.idx"],
+    }[fmt]
+
+
+def record_name(fmt: str, prefix: str) -> str:
+    return "export.json" if fmt == "nanogpt" else f"{prefix}_export.json"

@@ -1,0 +1,241 @@
+"""The export job: choose validation documents, plan every output byte, write chunks on Dask.
+
+The client reads only ``manifest.json``; workers read docs tables and token ranges. Nothing
+about the output depends on the cluster: same OUT and options, identical files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from distributed import Client, as_completed
+
+from ..cluster import connect
+from ..errors import UserError
+from ..progress import human
+from ..reader import open_manifest
+from ..store import display_url, filesystem, join, write_json
+from . import formats, valsplit
+from .layout import Chunk, Streams, chunk_file
+from .write import (PartInfo, Source, Target, abort_target, commit_target, open_target, part_size, partition_candidates,
+                    target_kind, write_chunk)
+
+DEFAULT_SHARD_TOKENS = 100_000_000
+"""llm.c's and build-nanogpt's FineWeb shard size."""
+DEFAULT_VAL_TOKENS = 10_485_760
+"""modded-nanogpt evaluates on this many validation tokens."""
+DEFAULT_CHUNK_BYTES = 64 * 2**20
+"""Bytes one task renders and writes: its memory bound, and S3's part size (>= 5 MiB)."""
+MERGE_FAN_IN = 8
+RECORD_FORMAT = "tokenshards-export/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportConfig:
+    out: str
+    format: str
+    to: str
+    shard_tokens: int | None = None
+    """llmc and npy only; None means DEFAULT_SHARD_TOKENS."""
+    val_tokens: int = DEFAULT_VAL_TOKENS
+    prefix: str | None = None
+    """None: ``fineweb`` for llmc, npy and megatron; nanogpt's names are fixed."""
+    overwrite: bool = False
+    storage_options: dict = field(default_factory=dict)
+    # -- how it runs: never changes the output bytes --
+    workers: int | None = None
+    scheduler: str | None = None
+    dashboard_address: str = ":8787"
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+    def __post_init__(self):
+        if self.format not in formats.FORMATS:
+            raise UserError(f"format={self.format!r} not supported, expected one of {formats.FORMATS}")
+        if self.shard_tokens is not None:
+            if self.format in ("nanogpt", "megatron"):
+                raise UserError(f"--shard-tokens applies to llmc and npy; {self.format} writes one file per split")
+            if self.shard_tokens < 1:
+                raise UserError(f"shard_tokens={self.shard_tokens} must be at least 1")
+            if self.format == "llmc" and self.shard_tokens > formats.LLMC_MAX_TOKENS:
+                raise UserError(f"shard_tokens={self.shard_tokens:,} is over llm.c's limit of {formats.LLMC_MAX_TOKENS:,} "
+                                "(its header stores the count in an int32)")
+        if self.val_tokens < 0:
+            raise UserError(f"val_tokens={self.val_tokens} must be 0 (no validation set) or more")
+        if self.prefix is not None:
+            if self.format == "nanogpt":
+                raise UserError("--prefix does not apply to nanogpt: nanoGPT's train.py reads the fixed names train.bin and val.bin")
+            if not self.prefix or "/" in self.prefix or self.prefix.startswith("."):
+                raise UserError(f"prefix={self.prefix!r}: expected a plain file name prefix such as 'fineweb'")
+        if self.chunk_bytes < 1:
+            raise UserError(f"chunk_bytes={self.chunk_bytes} must be positive")
+        if self.workers is not None and self.workers < 1:
+            raise UserError(f"workers={self.workers} must be at least 1")
+
+    @property
+    def name_prefix(self) -> str:
+        return self.prefix or formats.DEFAULT_PREFIX
+
+    @property
+    def shard_size(self) -> int:
+        return self.shard_tokens or DEFAULT_SHARD_TOKENS
+
+    def replace(self, **changes) -> "ExportConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportSummary:
+    to: str
+    files: list[str]
+    val_docs: int
+    val_tokens: int
+    train_docs: int
+    train_tokens: int
+    seconds: float
+
+    def lines(self) -> list[str]:
+        return [
+            f"done: {len(self.files)} files; val {self.val_docs:,} documents, {self.val_tokens:,} tokens; "
+            f"train {self.train_docs:,} documents, {self.train_tokens:,} tokens; {self.seconds:.1f} s",
+            f"      output: {self.to}",
+        ]
+
+
+def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print) -> ExportSummary:
+    """Run the whole export; raises ``UserError`` for anything the user can fix."""
+    t0 = time.perf_counter()
+    _, _, manifest = open_manifest(config.out, config.storage_options)
+    dtype = formats.output_dtype(config.format, manifest["encoding"]["dtype"])
+    entries = sorted(manifest["partitions"], key=lambda e: e["index"])
+    docs = np.array([e["docs"] for e in entries], dtype=np.int64)
+    tokens = np.array([e["tokens"] for e in entries], dtype=np.int64)
+    if config.val_tokens and config.val_tokens >= tokens.sum():
+        raise UserError(f"--val-tokens {config.val_tokens:,} is not less than the {int(tokens.sum()):,} tokens in "
+                        f"{config.out}; pass a smaller --val-tokens (or 0 for no validation set)")
+    ordinal = {i["path"]: n for n, i in enumerate(manifest["inputs"])}
+    parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e["input"], -1)) for e in entries]
+    source = Source(out=config.out, storage_options=config.storage_options, dtype=manifest["encoding"]["dtype"])
+
+    dest_fs, dest_root = filesystem(config.to, config.storage_options)
+    kind = target_kind(dest_fs)
+    _prepare_dest(dest_fs, dest_root, config)
+
+    with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
+                 announce=announce) as client:
+        threshold = None
+        val_docs = np.zeros(len(entries), dtype=np.int64)
+        val_tokens = np.zeros(len(entries), dtype=np.int64)
+        if config.val_tokens:
+            final = _val_candidates(client, parts, source=source, val_tokens=config.val_tokens)
+            threshold, val_docs, val_tokens = valsplit.choose(final, n_parts=len(entries))
+            if int(val_docs.sum()) == int(docs.sum()):
+                raise UserError(f"--val-tokens {config.val_tokens:,} takes every document of {config.out}; pass a smaller value")
+            parts = [dataclasses.replace(p, val_docs=int(d), val_tokens=int(t)) for p, d, t in zip(parts, val_docs, val_tokens)]
+        streams = Streams.from_counts(docs=docs, tokens=tokens, val_docs=val_docs, val_tokens=val_tokens)
+        announce(f"validation: {streams.docs('val'):,} documents, {streams.tokens('val'):,} tokens; "
+                 f"train: {streams.docs('train'):,} documents, {streams.tokens('train'):,} tokens")
+        files = formats.shard_files(fmt=config.format, prefix=config.name_prefix, streams=streams,
+                                    shard_tokens=config.shard_size, dtype=dtype)
+        _write_files(client, files, streams, parts, dest_fs=dest_fs, dest_root=dest_root, kind=kind, source=source,
+                     threshold=threshold, config=config, announce=announce)
+
+    record = {
+        "format": RECORD_FORMAT,
+        "export_format": config.format,
+        "source": config.out,
+        "source_job": manifest.get("job"),
+        "encoding": manifest["encoding"],
+        "eot_position": manifest.get("eot_position"),
+        "dtype": dtype,
+        "shard_tokens": config.shard_size if config.format in ("llmc", "npy") else None,
+        "val_tokens_requested": config.val_tokens,
+        "val_selection": "whole documents with the smallest blake2b-64(id), ties by (input, row), "
+                         "until val_tokens is reached",
+        "splits": {s: {"docs": streams.docs(s), "tokens": streams.tokens(s)} for s in ("val", "train")},
+        "files": [{"name": f.name, "split": f.split, "tokens": f.tokens, "bytes": f.nbytes} for f in files],
+    }
+    write_json(dest_fs, join(dest_root, formats.record_name(config.format, config.name_prefix)), record)
+    return ExportSummary(to=config.to, files=[f.name for f in files], val_docs=streams.docs("val"),
+                         val_tokens=streams.tokens("val"), train_docs=streams.docs("train"),
+                         train_tokens=streams.tokens("train"), seconds=time.perf_counter() - t0)
+
+
+def _prepare_dest(fs, root: str, config: ExportConfig) -> None:
+    """Refuse to mix with an earlier export's files (a trainer's glob would read both), unless
+    --overwrite, which removes them first; then check DEST is writable."""
+    patterns = formats.name_patterns(config.format, config.name_prefix) + [formats.record_name(config.format, config.name_prefix)]
+    found = sorted({p for pattern in patterns for p in fs.glob(join(root, pattern))})
+    if found and not config.overwrite:
+        names = ", ".join(posixpath.basename(p) for p in found[:3]) + (" ..." if len(found) > 3 else "")
+        raise UserError(f"{config.to} already holds an export ({names}); choose another --to or pass --overwrite to replace it")
+    try:
+        for path in found:
+            fs.rm(path)
+        fs.makedirs(root, exist_ok=True)
+        probe = join(root, f".tokenshards-write-probe-{uuid.uuid4().hex}")
+        fs.pipe_file(probe, b"ok")
+        fs.rm(probe)
+    except Exception as e:
+        raise UserError(f"cannot write to {config.to!r}: {type(e).__name__}: {e}; choose another --to or fix its permissions") from e
+
+
+def _val_candidates(client: Client, parts: list[PartInfo], *, source: Source, val_tokens: int) -> np.ndarray:
+    """Per-partition candidates, then merges of MERGE_FAN_IN at a time, all on the cluster."""
+    level = client.map(partition_candidates, range(len(parts)), parts, source=source, val_tokens=val_tokens, pure=False)
+    try:
+        while len(level) > 1:
+            level = [client.submit(valsplit.merge, *level[i:i + MERGE_FAN_IN], val_tokens=val_tokens, pure=False)
+                     for i in range(0, len(level), MERGE_FAN_IN)]
+        return level[0].result()
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"choosing validation documents failed: {type(e).__name__}: {e}") from e
+    finally:
+        client.cancel(level)
+
+
+def _write_files(client: Client, files, streams: Streams, parts: list[PartInfo], *, dest_fs, dest_root: str, kind: str,
+                 source: Source, threshold, config: ExportConfig, announce) -> None:
+    """Open every file, write all chunks in parallel, commit each file once its chunks are in."""
+    targets: dict[str, Target] = {}
+    remaining: dict[str, int] = {}
+    etags: dict[str, dict[int, str]] = {}
+    chunks: list[Chunk] = []
+    for f in files:
+        pieces = chunk_file(f, streams, chunk_bytes=part_size(kind, f.nbytes, config.chunk_bytes))
+        chunks.extend(pieces)
+        remaining[f.name], etags[f.name] = len(pieces), {}
+    total_bytes = sum(f.nbytes for f in files)
+    announce(f"writing {len(files)} files, {human(total_bytes)}B in {len(chunks)} chunks to {config.to}")
+    futures = []
+    try:
+        for f in files:
+            targets[f.name] = open_target(dest_fs, join(dest_root, f.name), f.nbytes)
+        for c in chunks:
+            needed = {k: parts[k] for k in sorted(c.partitions())}
+            futures.append(client.submit(write_chunk, c, targets[c.file], source=source, parts=needed,
+                                         threshold=threshold, dest_storage_options=config.storage_options, pure=False))
+        for future in as_completed(futures):
+            try:
+                name, number, etag = future.result()
+            except UserError:
+                raise
+            except Exception as e:
+                raise UserError(f"writing {config.to} failed: {type(e).__name__}: {e}") from e
+            etags[name][number] = etag
+            remaining[name] -= 1
+            if remaining[name] == 0:
+                commit_target(dest_fs, targets.pop(name), etags[name])
+            future.release()
+    except BaseException:
+        client.cancel(futures)
+        for target in targets.values():
+            abort_target(dest_fs, target)
+        raise
+    announce(f"wrote {len(files)} files to {display_url(dest_fs, dest_root)}")

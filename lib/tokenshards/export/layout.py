@@ -1,0 +1,170 @@
+"""Pure: where every output byte comes from, computed from per-partition counts (prefix sums).
+
+Each split (``val``, ``train``) is a stream: its documents in manifest order (partition by
+partition, row order inside each). An output file is a list of regions (a literal header, a run
+of a split's tokens, or one of Megatron's index arrays); a file is cut into byte-range chunks,
+and each chunk becomes a list of small operations that a worker can carry out by reading only
+the partitions it names. The cut never changes the bytes, only who writes them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SPLITS = ("val", "train")
+
+
+@dataclass(frozen=True)
+class Streams:
+    """Prefix sums of each split's documents and tokens over partitions (length P+1)."""
+
+    doc_bounds: dict[str, np.ndarray]
+    token_bounds: dict[str, np.ndarray]
+
+    @classmethod
+    def from_counts(cls, *, docs: np.ndarray, tokens: np.ndarray, val_docs: np.ndarray, val_tokens: np.ndarray) -> "Streams":
+        def bounds(counts):
+            return np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+
+        return cls(doc_bounds={"val": bounds(val_docs), "train": bounds(docs - val_docs)},
+                   token_bounds={"val": bounds(val_tokens), "train": bounds(tokens - val_tokens)})
+
+    def docs(self, split: str) -> int:
+        return int(self.doc_bounds[split][-1])
+
+    def tokens(self, split: str) -> int:
+        return int(self.token_bounds[split][-1])
+
+
+# -- regions: what a file is made of ------------------------------------------------------------
+@dataclass(frozen=True)
+class Literal:
+    data: bytes
+    itemsize = 1
+
+    @property
+    def count(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True)
+class TokenRun:
+    """Tokens [first, first + count) of a split's stream, written as ``dtype``."""
+
+    split: str
+    first: int
+    count: int
+    dtype: str
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class DocLengths:
+    """int32 token count of every document of a split (Megatron's sequence lengths)."""
+
+    split: str
+    count: int
+    itemsize = 4
+
+
+@dataclass(frozen=True)
+class DocPointers:
+    """int64 byte offset of every document of a split in its ``.bin`` (Megatron's pointers)."""
+
+    split: str
+    count: int
+    token_itemsize: int
+    itemsize = 8
+
+
+@dataclass(frozen=True)
+class DocIndex:
+    """int64 0, 1, ..., count-1 (Megatron's document indices: one sequence per document)."""
+
+    count: int
+    itemsize = 8
+
+
+@dataclass(frozen=True)
+class OutFile:
+    name: str
+    split: str
+    regions: tuple
+    tokens: int
+    """Tokens of the split this file carries (for the export record)."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(r.count * r.itemsize for r in self.regions)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Bytes [offset, offset + nbytes) of one file: ``segments`` are (head, take, ops); each
+    segment's ops render whole elements, of which bytes [head, head + take) belong here."""
+
+    file: str
+    number: int
+    offset: int
+    nbytes: int
+    segments: tuple
+
+    def partitions(self) -> set[int]:
+        return {op[1] for _, _, ops in self.segments for op in ops if op[0] in ("tokens", "lengths", "pointers")}
+
+
+def locate(bounds: np.ndarray, lo: int, hi: int):
+    """(k, local_lo, local_hi) for each partition k that holds part of stream range [lo, hi)."""
+    k = int(np.searchsorted(bounds, lo, side="right")) - 1
+    while lo < hi:
+        end = int(bounds[k + 1])
+        if end > lo:
+            base = int(bounds[k])
+            top = min(hi, end)
+            yield k, lo - base, top - base
+            lo = top
+        k += 1
+
+
+def _ops(region, e0: int, e1: int, streams: Streams) -> list[tuple]:
+    """Operations rendering elements [e0, e1) of ``region``."""
+    if isinstance(region, Literal):
+        return [("literal", region.data[e0:e1])]
+    if isinstance(region, TokenRun):
+        bounds = streams.token_bounds[region.split]
+        return [("tokens", k, region.split, a, b, region.dtype)
+                for k, a, b in locate(bounds, region.first + e0, region.first + e1)]
+    if isinstance(region, DocLengths):
+        return [("lengths", k, region.split, a, b) for k, a, b in locate(streams.doc_bounds[region.split], e0, e1)]
+    if isinstance(region, DocPointers):
+        tb = streams.token_bounds[region.split]
+        return [("pointers", k, region.split, a, b, int(tb[k]) * region.token_itemsize, region.token_itemsize)
+                for k, a, b in locate(streams.doc_bounds[region.split], e0, e1)]
+    if isinstance(region, DocIndex):
+        return [("arange", e0, e1)]
+    raise TypeError(f"unknown region {region!r}")
+
+
+def chunk_file(f: OutFile, streams: Streams, *, chunk_bytes: int) -> list[Chunk]:
+    """Cut ``f`` into chunks of ``chunk_bytes`` (the last one shorter), numbered from 1."""
+    size = f.nbytes
+    chunks = []
+    for number, a in enumerate(range(0, size, chunk_bytes), start=1):
+        b = min(a + chunk_bytes, size)
+        segments = []
+        r0 = 0
+        for region in f.regions:
+            r1 = r0 + region.count * region.itemsize
+            x0, x1 = max(a, r0), min(b, r1)
+            if x0 < x1:
+                e0 = (x0 - r0) // region.itemsize
+                e1 = -(-(x1 - r0) // region.itemsize)
+                head = x0 - (r0 + e0 * region.itemsize)
+                segments.append((head, x1 - x0, tuple(_ops(region, e0, e1, streams))))
+            r0 = r1
+        chunks.append(Chunk(file=f.name, number=number, offset=a, nbytes=b - a, segments=tuple(segments)))
+    return chunks

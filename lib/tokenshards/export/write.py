@@ -1,0 +1,233 @@
+"""Worker side of export: render a chunk's bytes from the part files, write them in place.
+
+A file is written by many tasks at once, each owning a byte range, and appears only when the
+client commits it after every range is in:
+- locally: ranges are ``pwrite``-n into ``NAME.<uuid>.tmp`` (created at full size by the client),
+  then fsync and ``os.replace``;
+- on S3: one multipart upload per file, one part per chunk (S3 puts parts together in part
+  order), completed by the client, aborted on failure: no partial object is ever visible.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UserError
+from ..reader import PartitionFiles
+from ..store import filesystem, is_local
+from .layout import Chunk
+from .valsplit import Threshold, candidates, id_hashes, is_val
+
+S3_MIN_PART = 5 * 2**20
+S3_MAX_PARTS = 10_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """The tokenized OUT as tasks see it: small, the same for every task."""
+
+    out: str
+    storage_options: dict
+    dtype: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartInfo:
+    """What a task needs of one partition: its manifest entry and the client's expectations."""
+
+    entry: dict
+    input_ordinal: int
+    val_docs: int = 0
+    val_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """One output file being written: where the bytes go until it is committed."""
+
+    kind: str  # "local" or "s3"
+    path: str
+    nbytes: int
+    tmp: str = ""
+    upload_id: str = ""
+
+
+def _files(source: Source, parts: dict[int, PartInfo]) -> PartitionFiles:
+    fs, root = filesystem(source.out, source.storage_options)
+    return PartitionFiles(fs, root, dtype=source.dtype, partitions={k: p.entry for k, p in parts.items()})
+
+
+# -- validation candidates ----------------------------------------------------------------------
+def partition_candidates(k: int, part: PartInfo, *, source: Source, val_tokens: int) -> np.ndarray:
+    files = _files(source, {k: part})
+    docs = files.docs(k, columns=("id", "row", "length"))
+    return candidates(hashes=id_hashes(docs.ids.to_pylist()), input_ordinal=part.input_ordinal, rows=docs.rows,
+                      lengths=docs.lengths, part=k, val_tokens=val_tokens)
+
+
+# -- rendering ----------------------------------------------------------------------------------
+class _SplitView:
+    """One partition's documents divided into val and train, each as a contiguous local stream."""
+
+    def __init__(self, files: PartitionFiles, k: int, part: PartInfo, threshold: Threshold | None):
+        self.files, self.k = files, k
+        columns = ("id", "row", "start", "length") if threshold else ("start", "length")
+        docs = files.docs(k, columns=columns)
+        if threshold:
+            val = is_val(hashes=id_hashes(docs.ids.to_pylist()), input_ordinal=part.input_ordinal, rows=docs.rows,
+                         threshold=threshold)
+        else:
+            val = np.zeros(len(docs.lengths), dtype=bool)
+        got = (int(val.sum()), int(docs.lengths[val].sum()))
+        if got != (part.val_docs, part.val_tokens):
+            raise UserError(f"{part.entry['docs_file']}: {got[0]} validation documents ({got[1]} tokens) now, "
+                            f"{part.val_docs} ({part.val_tokens}) when the export was planned; did OUT change? rerun export")
+        self.split = {}
+        for name, mask in (("val", val), ("train", ~val)):
+            lengths, starts = docs.lengths[mask], docs.starts[mask]
+            cum = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+            self.split[name] = (lengths, starts, cum)
+
+    def tokens(self, split: str, lo: int, hi: int) -> np.ndarray:
+        lengths, starts, cum = self.split[split]
+        d0 = int(np.searchsorted(cum, lo, side="right")) - 1
+        d1 = int(np.searchsorted(cum, hi, side="left"))
+        a = starts[d0:d1] + np.maximum(lo - cum[d0:d1], 0)
+        b = starts[d0:d1] + np.minimum(hi - cum[d0:d1], lengths[d0:d1])
+        # Neighbouring documents of one split are usually neighbours in the part file too.
+        breaks = np.flatnonzero(a[1:] != b[:-1]) + 1
+        run_a, run_b = a[np.r_[0, breaks]], b[np.r_[breaks - 1, len(b) - 1]]
+        base = int(run_a[0])
+        span = self.files.tokens(self.k, base, int(run_b[-1]))
+        if len(run_a) == 1:
+            return span
+        return np.concatenate([span[x - base:y - base] for x, y in zip(run_a.tolist(), run_b.tolist())])
+
+    def lengths(self, split: str, lo: int, hi: int) -> np.ndarray:
+        lengths = self.split[split][0][lo:hi]
+        if len(lengths) and lengths.max() > np.iinfo(np.int32).max:
+            raise UserError(f"{self.files.partitions[self.k]['docs_file']}: a document of {lengths.max():,} tokens "
+                            "does not fit Megatron's int32 sequence lengths")
+        return lengths.astype("<i4")
+
+    def pointers(self, split: str, lo: int, hi: int, base: int, itemsize: int) -> np.ndarray:
+        return (base + self.split[split][2][lo:hi] * itemsize).astype("<i8")
+
+
+def render_chunk(chunk: Chunk, *, source: Source, parts: dict[int, PartInfo], threshold: Threshold | None) -> bytes:
+    files = _files(source, parts)
+    views: dict[int, _SplitView] = {}
+
+    def view(k: int) -> _SplitView:
+        if k not in views:
+            views[k] = _SplitView(files, k, parts[k], threshold)
+        return views[k]
+
+    out = []
+    for head, take, ops in chunk.segments:
+        pieces = []
+        for op in ops:
+            kind = op[0]
+            if kind == "literal":
+                pieces.append(op[1])
+            elif kind == "tokens":
+                _, k, split, lo, hi, dtype = op
+                tokens = view(k).tokens(split, lo, hi)
+                pieces.append(tokens.astype(dtype, copy=False).tobytes())
+            elif kind == "lengths":
+                _, k, split, lo, hi = op
+                pieces.append(view(k).lengths(split, lo, hi).tobytes())
+            elif kind == "pointers":
+                _, k, split, lo, hi, base, itemsize = op
+                pieces.append(view(k).pointers(split, lo, hi, base, itemsize).tobytes())
+            elif kind == "arange":
+                pieces.append(np.arange(op[1], op[2], dtype="<i8").tobytes())
+            else:
+                raise ValueError(f"unknown chunk operation {kind!r}")
+        data = b"".join(pieces)
+        out.append(data[head:head + take] if (head or take != len(data)) else data)
+    data = b"".join(out)
+    if len(data) != chunk.nbytes:
+        raise RuntimeError(f"{chunk.file} chunk {chunk.number}: rendered {len(data)} bytes, planned {chunk.nbytes}")
+    return data
+
+
+# -- targets ------------------------------------------------------------------------------------
+def target_kind(fs) -> str:
+    if is_local(fs):
+        return "local"
+    if "s3" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)):
+        return "s3"
+    raise UserError(f"export writes to a local folder or s3:// (got a {type(fs).__name__}); export locally and copy")
+
+
+def part_size(kind: str, nbytes: int, chunk_bytes: int) -> int:
+    """Chunk size for one file: S3 needs parts of at least 5 MiB and at most 10,000 of them."""
+    if kind != "s3":
+        return chunk_bytes
+    return max(chunk_bytes, S3_MIN_PART, -(-nbytes // S3_MAX_PARTS))
+
+
+def open_target(fs, path: str, nbytes: int) -> Target:
+    """Client side: a full-size temporary file, or a new multipart upload."""
+    kind = target_kind(fs)
+    if kind == "local":
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as f:
+            f.truncate(nbytes)
+        return Target(kind=kind, path=path, nbytes=nbytes, tmp=tmp)
+    bucket, key, _ = fs.split_path(path)
+    upload = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+    return Target(kind=kind, path=path, nbytes=nbytes, upload_id=upload["UploadId"])
+
+
+def write_chunk(chunk: Chunk, target: Target, *, source: Source, parts: dict[int, PartInfo],
+                threshold: Threshold | None, dest_storage_options: dict) -> tuple[str, int, str]:
+    """Worker task: render one chunk and put it in place; returns (file, part number, ETag)."""
+    data = render_chunk(chunk, source=source, parts=parts, threshold=threshold)
+    if target.kind == "local":
+        fd = os.open(target.tmp, os.O_WRONLY)
+        try:
+            view = memoryview(data)
+            written = 0
+            while written < len(view):
+                written += os.pwrite(fd, view[written:], chunk.offset + written)
+        finally:
+            os.close(fd)
+        return chunk.file, chunk.number, ""
+    fs, _ = filesystem(f"s3://{target.path}", dest_storage_options)
+    bucket, key, _ = fs.split_path(target.path)
+    reply = fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=target.upload_id, PartNumber=chunk.number, Body=data)
+    return chunk.file, chunk.number, reply["ETag"]
+
+
+def commit_target(fs, target: Target, etags: dict[int, str]) -> None:
+    """Client side, after every chunk of the file is in: make it visible under its name."""
+    if target.kind == "local":
+        fd = os.open(target.tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(target.tmp, target.path)
+        return
+    bucket, key, _ = fs.split_path(target.path)
+    fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=target.upload_id,
+               MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etags[n]} for n in sorted(etags)]})
+    fs.invalidate_cache(target.path)
+
+
+def abort_target(fs, target: Target) -> None:
+    """Client side, on failure: leave nothing behind (best effort; the cause is raised anyway)."""
+    try:
+        if target.kind == "local":
+            if os.path.exists(target.tmp):
+                os.remove(target.tmp)
+        else:
+            bucket, key, _ = fs.split_path(target.path)
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=target.upload_id)
+    except Exception:  # noqa: BLE001 - cleanup must not hide the error that caused it
+        pass

@@ -1,0 +1,249 @@
+"""Random access to a finished format v1 output: documents, token ranges, training windows.
+
+Reads only what ``manifest.json`` lists (a partition without a manifest entry is not part of
+the run). Locally the token files are memory-mapped; elsewhere (s3://) each request is one
+range read, so opening a dataset costs one small object and nothing is downloaded whole.
+"""
+from __future__ import annotations
+
+import io
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import manifest as v1
+from .errors import UserError
+from .store import filesystem, is_local, join
+
+NPY_HEAD_PROBE = 4096
+"""Bytes read to parse a ``.npy`` header; np.save pads 1-D headers to 64 or 128 bytes."""
+
+
+@dataclass(frozen=True)
+class PartDocs:
+    """One partition's docs table as arrays (ids stay an Arrow array: cheap to keep)."""
+
+    ids: pa.StringArray
+    rows: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+
+
+def open_manifest(out: str, storage_options: dict | None = None) -> tuple:
+    """(fs, root, manifest) for OUT; a folder without a format v1 manifest is refused."""
+    fs, root = filesystem(out, storage_options)
+    path = join(root, v1.MANIFEST)
+    try:
+        manifest = v1.read_manifest(fs, root)
+    except FileNotFoundError as e:
+        raise UserError(f"{out}: no {v1.MANIFEST}; not a finished tokenshards output "
+                        "(is `tokenshards tokenize` still running, or did it fail?)") from e
+    except ValueError as e:
+        raise UserError(f"{path}: not valid JSON ({e}); rerun `tokenshards tokenize` to rewrite it") from e
+    if manifest.get("format") != v1.FORMAT:
+        raise UserError(f"{path}: format {manifest.get('format')!r}, expected {v1.FORMAT!r}")
+    return fs, root, manifest
+
+
+class PartitionFiles:
+    """Range reads of one output's part files; shared by ``TokenDataset`` and the exporter."""
+
+    def __init__(self, fs, root: str, *, dtype: str, partitions):
+        """``partitions``: manifest entries indexed by their position in manifest order (a list,
+        or a dict holding only the few a task touches, so tasks stay small)."""
+        self.fs = fs
+        self.root = root
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.partitions = partitions
+        self._local = is_local(fs)
+        self._maps: dict[int, np.ndarray] = {}
+        self._offsets: dict[int, int] = {}
+
+    def _path(self, k: int, key: str) -> str:
+        return join(self.root, self.partitions[k][key])
+
+    def docs(self, k: int, columns: tuple[str, ...] = ("id", "row", "start", "length")) -> PartDocs:
+        """The docs table of the k-th partition (manifest order), checked against the manifest."""
+        entry = self.partitions[k]
+        path = self._path(k, "docs_file")
+        try:
+            with self.fs.open(path, "rb") as f:
+                table = pq.read_table(f, columns=list(columns))
+        except (OSError, pa.ArrowException) as e:
+            raise UserError(f"{path}: unreadable ({type(e).__name__}: {e}); the output is damaged, rerun tokenize") from e
+        if table.num_rows != entry["docs"]:
+            raise UserError(f"{path}: {table.num_rows} documents, the manifest says {entry['docs']}; the output is damaged")
+        get = lambda name, dtype: table.column(name).to_numpy().astype(dtype, copy=False) if name in columns else None  # noqa: E731
+        ids = table.column("id").combine_chunks() if "id" in columns else None
+        return PartDocs(ids=ids, rows=get("row", np.int64), starts=get("start", np.int64), lengths=get("length", np.int64))
+
+    def tokens(self, k: int, lo: int, hi: int) -> np.ndarray:
+        """Tokens [lo, hi) of the k-th partition: a view of a memory map locally, one range read elsewhere."""
+        n = self.partitions[k]["tokens"]
+        if not 0 <= lo <= hi <= n:
+            raise IndexError(f"tokens [{lo}, {hi}) outside partition {self.partitions[k]['index']} of {n} tokens")
+        if self._local:
+            if k not in self._maps:
+                self._maps[k] = np.load(self._path(k, "tokens_file"), mmap_mode="r")
+            return self._maps[k][lo:hi]
+        if lo == hi:
+            return np.empty(0, self.dtype)
+        offset = self._data_offset(k)
+        size = self.dtype.itemsize
+        raw = self.fs.cat_file(self._path(k, "tokens_file"), start=offset + lo * size, end=offset + hi * size)
+        if len(raw) != (hi - lo) * size:
+            raise UserError(f"{self._path(k, 'tokens_file')}: short read; the object is smaller than the manifest says")
+        return np.frombuffer(raw, self.dtype)
+
+    def _data_offset(self, k: int) -> int:
+        """Where the array starts in a ``.npy`` object (after its self-describing header)."""
+        if k not in self._offsets:
+            path = self._path(k, "tokens_file")
+            head = io.BytesIO(self.fs.cat_file(path, start=0, end=NPY_HEAD_PROBE))
+            try:
+                version = np.lib.format.read_magic(head)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(head)
+            except ValueError as e:
+                raise UserError(f"{path}: not a .npy file ({e}); the output is damaged") from e
+            if dtype.newbyteorder("<") != self.dtype or shape != (self.partitions[k]["tokens"],):
+                raise UserError(f"{path}: holds {dtype} {shape}, the manifest says {self.dtype} ({self.partitions[k]['tokens']},)")
+            self._offsets[k] = head.tell()
+        return self._offsets[k]
+
+
+class TokenDataset:
+    """A tokenized output (local folder or s3://) as documents and one long token stream.
+
+    Documents are numbered in manifest order: partition by partition, source row order inside
+    each, the same order ``tokenshards export`` writes. The token stream is every document's
+    tokens back to back, as in the part files (eot placement as the manifest says).
+    """
+
+    def __init__(self, out: str, *, storage_options: dict | None = None):
+        self.out = out
+        fs, root, self.manifest = open_manifest(out, storage_options)
+        parts = sorted(self.manifest["partitions"], key=lambda e: e["index"])
+        self._files = PartitionFiles(fs, root, dtype=self.manifest["encoding"]["dtype"], partitions=parts)
+        self._doc_bounds = np.concatenate([[0], np.cumsum([p["docs"] for p in parts], dtype=np.int64)])
+        self._token_bounds = np.concatenate([[0], np.cumsum([p["tokens"] for p in parts], dtype=np.int64)])
+        self._docs: dict[int, PartDocs] = {}
+        self._by_id: dict[str, int] | None = None
+
+    # -- sizes --------------------------------------------------------------------------------
+    @property
+    def n_docs(self) -> int:
+        return int(self._doc_bounds[-1])
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self._token_bounds[-1])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._files.dtype
+
+    @property
+    def encoding(self) -> dict:
+        return dict(self.manifest["encoding"])
+
+    def __len__(self) -> int:
+        return self.n_docs
+
+    def __repr__(self) -> str:
+        return f"TokenDataset({self.out!r}: {self.n_docs:,} documents, {self.n_tokens:,} tokens, {self.encoding['name']})"
+
+    # -- documents ----------------------------------------------------------------------------
+    def _locate_doc(self, i: int) -> tuple[int, int]:
+        n = self.n_docs
+        if not -n <= i < n:
+            raise IndexError(f"document {i} out of range: the dataset holds {n:,} documents")
+        i = i + n if i < 0 else i
+        k = bisect_right(self._doc_bounds, i) - 1
+        return k, i - int(self._doc_bounds[k])
+
+    def _part_docs(self, k: int) -> PartDocs:
+        if k not in self._docs:
+            self._docs[k] = self._files.docs(k)
+        return self._docs[k]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.doc(i)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for i in range(self.n_docs):
+            yield self.doc(i)
+
+    def doc(self, i: int) -> np.ndarray:
+        """Document i's tokens (eot included as the manifest's ``eot_position`` says)."""
+        k, j = self._locate_doc(i)
+        docs = self._part_docs(k)
+        start = int(docs.starts[j])
+        return self._files.tokens(k, start, start + int(docs.lengths[j]))
+
+    def doc_id(self, i: int) -> str:
+        k, j = self._locate_doc(i)
+        return self._part_docs(k).ids[j].as_py()
+
+    def doc_source(self, i: int) -> tuple[str, int]:
+        """(input file, row) the document came from."""
+        k, j = self._locate_doc(i)
+        return self._files.partitions[k]["input"], int(self._part_docs(k).rows[j])
+
+    def index_of(self, doc_id: str) -> int:
+        """The number of the document with this id. The first call reads every docs table
+        (ids only), which for a web-scale corpus is gigabytes: prefer numbers when you can."""
+        if self._by_id is None:
+            by_id: dict[str, int] = {}
+            for k in range(len(self._files.partitions)):
+                ids = self._files.docs(k, columns=("id",)).ids.to_pylist()
+                base = int(self._doc_bounds[k])
+                for j, value in enumerate(ids):
+                    by_id.setdefault(value, base + j)
+            self._by_id = by_id
+        try:
+            return self._by_id[doc_id]
+        except KeyError:
+            raise KeyError(f"no document with id {doc_id!r} in {self.out}") from None
+
+    def by_id(self, doc_id: str) -> np.ndarray:
+        return self.doc(self.index_of(doc_id))
+
+    # -- the token stream ---------------------------------------------------------------------
+    def tokens(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of the whole stream; a copy when it spans partitions."""
+        if not 0 <= start <= stop <= self.n_tokens:
+            raise IndexError(f"tokens [{start}, {stop}) outside the stream of {self.n_tokens:,} tokens")
+        k0 = bisect_right(self._token_bounds, start) - 1
+        pieces = []
+        k = k0
+        while start < stop:
+            while int(self._token_bounds[k + 1]) <= start:  # skip empty partitions
+                k += 1
+            base = int(self._token_bounds[k])
+            hi = min(stop, int(self._token_bounds[k + 1]))
+            pieces.append(self._files.tokens(k, start - base, hi - base))
+            start = hi
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(pieces) if pieces else np.empty(0, self.dtype)
+
+    def sample_windows(self, *, batch_size: int, seq_len: int, rng: np.random.Generator | int | None = None) -> np.ndarray:
+        """``batch_size`` windows of ``seq_len + 1`` consecutive tokens (inputs and shifted
+        targets, as nanoGPT's ``get_batch`` draws them), starting at uniform random positions.
+        Windows may cross document boundaries, as in llm.c and nanoGPT. int64, shape (B, T+1)."""
+        if batch_size < 1 or seq_len < 1:
+            raise UserError(f"batch_size={batch_size} and seq_len={seq_len} must both be at least 1")
+        span = seq_len + 1
+        if span > self.n_tokens:
+            raise UserError(f"seq_len={seq_len} needs {span:,} tokens per window, the dataset holds {self.n_tokens:,}")
+        rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+        starts = rng.integers(0, self.n_tokens - span + 1, size=batch_size)
+        out = np.empty((batch_size, span), dtype=np.int64)
+        for b, s in enumerate(starts.tolist()):
+            out[b] = self.tokens(s, s + span)
+        return out
