@@ -80,6 +80,61 @@ def _run_demo(args) -> int:
     return 0
 
 
+def _byte_count(text: str) -> int:
+    """``1000000``, ``500M``, ``2G`` (decimal units, like the progress lines)."""
+    units = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    number, unit = text.upper().rstrip("B"), ""
+    if number and number[-1] in units:
+        number, unit = number[:-1], number[-1]
+    try:
+        return int(float(number) * units[unit])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a byte count such as 200000000, 500M or 2G") from e
+
+
+def _add_train_bpe(sub) -> None:
+    p = sub.add_parser("train-bpe", help="train a byte-level BPE vocabulary on parquet text (.tiktoken + .json)")
+    p.add_argument("--input", action="append", default=[], metavar="PATH_OR_GLOB",
+                   help="parquet file, folder, glob or URL (s3://); repeatable")
+    p.add_argument("--out", required=True, metavar="FILE.tiktoken",
+                   help="ranks file to write; its sidecar FILE.tiktoken.json is written beside it")
+    p.add_argument("--vocab-size", type=int, default=32768,
+                   help="n_vocab of the result, special tokens included (default 32768: ids fit uint16)")
+    p.add_argument("--special", action="append", default=[], metavar="TOKEN",
+                   help="extra special token, repeatable; <|endoftext|> is always included (tokenize needs it)")
+    p.add_argument("--pattern", default="gpt2", metavar="gpt2|cl100k|REGEX",
+                   help="pre-tokenizer split pattern (default gpt2)")
+    p.add_argument("--sample-bytes", type=_byte_count, metavar="N",
+                   help="count only about N bytes of text: whole partitions spread evenly over the corpus (e.g. 2G)")
+    p.add_argument("--min-count", type=int, default=1, help="drop pre-tokens seen fewer times (default 1: keep all)")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
+    p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
+    p.add_argument("--partition-mb", type=float, default=None, help="text per partition in MB (default 8)")
+    p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
+    p.add_argument("--progress", default="auto", choices=["auto", "bar", "log", "none"])
+    p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
+                   help="passed to fsspec/s3fs (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
+    p.set_defaults(run=_run_train_bpe)
+
+
+def _run_train_bpe(args) -> int:
+    from .bpe.train import TrainBpeConfig, run_train_bpe
+    from .config import DEFAULT_PARTITION_BYTES
+
+    config = TrainBpeConfig(
+        inputs=tuple(args.input), out=args.out, vocab_size=args.vocab_size, specials=tuple(args.special),
+        pattern=args.pattern, sample_bytes=args.sample_bytes, min_count=args.min_count, text_column=args.text_column,
+        partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else DEFAULT_PARTITION_BYTES,
+        storage_options=_storage_options(args.storage_option), workers=args.workers, scheduler=args.scheduler,
+        dashboard_address=args.dashboard_address, progress=args.progress,
+    )
+    summary = run_train_bpe(config, announce=_say)
+    for line in summary.lines():
+        print(line)
+    return 0
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -90,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_tokenize(sub)
     _add_demo(sub)
+    _add_train_bpe(sub)
     return parser
 
 

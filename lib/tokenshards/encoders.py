@@ -130,7 +130,12 @@ def _offline_cache(name: str) -> Path:
 
 def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: None) -> LoadedEncoding:
     """Build encoding ``name`` on the client: tiktoken's own constructor (honouring
-    TIKTOKEN_CACHE_DIR), else the hash-checked copies that PyPI packages ship."""
+    TIKTOKEN_CACHE_DIR), else the hash-checked copies that PyPI packages ship.
+    A path or URL ending in ``.tiktoken`` is a vocabulary trained by ``train-bpe``."""
+    if name.endswith(".tiktoken"):
+        from .bpe.ranks import load_trained
+
+        return load_trained(name)
     constructors = _constructors()
     if name not in constructors:
         known = ", ".join(sorted(constructors))

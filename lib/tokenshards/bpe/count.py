@@ -1,0 +1,163 @@
+"""Counting pre-tokens: the embarrassingly parallel half of BPE training.
+
+Each task reads one planned piece (the same plan and reader as ``tokenize``), splits every
+document with the pre-tokenizer pattern and returns a compact Arrow table of (pre-token bytes,
+count). Tables are combined by a tree of tasks on the workers, ``split_every`` at a time, so
+the client only ever receives the final table: memory is bounded by the number of unique
+pre-tokens, and ``min_count`` prunes the rare ones at the root.
+"""
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import regex
+from distributed import Client, as_completed
+
+from ..errors import UserError
+from ..partition import read_piece
+from ..plan import Piece
+
+# tiktoken's own split patterns (tiktoken_ext/openai_public.py), copied because tiktoken builds
+# them only inside the constructors that also load the ranks.
+PATTERNS = {
+    "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
+    "cl100k": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+}
+SCHEMA = pa.schema([("pretoken", pa.large_binary()), ("count", pa.int64())])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Counted:
+    """What a counting task (or a combining task) hands on: small besides the table."""
+
+    table: pa.Table
+    """(pretoken: large_binary, count: int64), each pre-token once."""
+    text_bytes: int
+    docs: int
+    heldout: tuple[str, ...] = field(default=())
+    """Held-back documents, never counted: compression is measured on them."""
+
+
+def resolve_pattern(spec: str) -> tuple[str, str]:
+    """(name, regex) for ``gpt2``, ``cl100k`` or a regex of the user's own."""
+    if spec in PATTERNS:
+        return spec, PATTERNS[spec]
+    try:
+        regex.compile(spec)
+    except regex.error as e:
+        raise UserError(f"--pattern {spec!r} is neither {' nor '.join(PATTERNS)} nor a valid regex ({e}); "
+                        "pass gpt2, cl100k or a regex in tiktoken's syntax") from e
+    return "custom", spec
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(pat_str: str) -> regex.Pattern:
+    return regex.compile(pat_str)
+
+
+def count_texts(texts: Iterable[str], pat_str: str) -> pa.Table:
+    """Pure: every pre-token of ``texts`` with its count, as an Arrow table (``SCHEMA``)."""
+    findall = _compiled(pat_str).findall
+    counter: Counter[str] = Counter()
+    for text in texts:
+        counter.update(findall(text))
+    keys = pa.array(list(counter), pa.large_string()).cast(pa.large_binary())
+    return pa.table([keys, pa.array(list(counter.values()), pa.int64())], schema=SCHEMA)
+
+
+def combine_tables(tables: list[pa.Table], *, min_count: int = 1) -> pa.Table:
+    """Pure: sum the counts of equal pre-tokens; drop those seen fewer than ``min_count`` times.
+
+    A hash kernel (``dictionary_encode``) and ``np.bincount`` rather than ``group_by``: Acero
+    warns about the unaligned buffers that tables have after travelling between workers.
+    """
+    keys = pa.concat_arrays([chunk for t in tables for chunk in t.column("pretoken").chunks])
+    counts = np.concatenate([t.column("count").to_numpy() for t in tables]) if tables else np.zeros(0, np.int64)
+    encoded = keys.dictionary_encode()
+    summed = np.bincount(encoded.indices.to_numpy(), weights=counts, minlength=len(encoded.dictionary))
+    # float64 sums are exact below 2**53 occurrences of one pre-token: far beyond any corpus.
+    table = pa.table([encoded.dictionary, pa.array(np.rint(summed).astype(np.int64))], schema=SCHEMA)
+    if min_count > 1:
+        table = table.filter(pc.greater_equal(table["count"], min_count))
+    return table
+
+
+def _trim_heldout(texts: Iterable[str], budget: int) -> tuple[str, ...]:
+    """Whole documents while they fit in ``budget`` bytes; the first is cut if it alone is larger."""
+    kept, size = [], 0
+    for text in texts:
+        n = len(text.encode())
+        if size + n > budget:
+            if not kept and budget > 0:
+                kept.append(text.encode()[:budget].decode(errors="ignore"))
+            break
+        kept.append(text)
+        size += n
+    return tuple(kept)
+
+
+def count_piece(piece: Piece, *, pat_str: str, text_column: str, storage_options: dict,
+                holdout_every: int, heldout_budget: int) -> Counted:
+    """One task: read the piece, hold back every ``holdout_every``-th row, count the rest."""
+    frame = read_piece(piece, text_column=text_column, storage_options=storage_options)
+    texts = pa.array(frame["text"]).to_pylist()
+    rows = frame["row"].to_numpy().tolist()
+    train, heldout = [], []
+    for row, text in zip(rows, texts):
+        if not text:
+            continue
+        if holdout_every and row % holdout_every == holdout_every - 1:
+            heldout.append(text)
+        else:
+            train.append(text)
+    return Counted(table=count_texts(train, pat_str), text_bytes=sum(len(t.encode()) for t in train),
+                   docs=len(train), heldout=_trim_heldout(heldout, heldout_budget))
+
+
+def combine_counted(*parts: Counted, min_count: int = 1, heldout_budget: int) -> Counted:
+    """One tree node: a few tables in, one table out (on a worker)."""
+    return Counted(table=combine_tables([p.table for p in parts], min_count=min_count),
+                   text_bytes=sum(p.text_bytes for p in parts), docs=sum(p.docs for p in parts),
+                   heldout=_trim_heldout((t for p in parts for t in p.heldout), heldout_budget))
+
+
+def count_on_cluster(client: Client, pieces: list[Piece], *, pat_str: str, text_column: str, storage_options: dict,
+                     min_count: int, holdout_every: int, heldout_bytes: int, split_every: int = 8,
+                     on_piece: Callable[[Piece], None] = lambda piece: None) -> Counted:
+    """Count every piece and combine the tables in a tree on the workers; only the root comes back."""
+    per_piece = max(heldout_bytes // max(len(pieces), 1), 1)
+    leaves = client.map(count_piece, pieces, pat_str=pat_str, text_column=text_column, storage_options=storage_options,
+                        holdout_every=holdout_every, heldout_budget=per_piece, pure=False)
+    level = list(leaves)
+    while len(level) > split_every:
+        level = [client.submit(combine_counted, *level[i:i + split_every], heldout_budget=heldout_bytes, pure=False)
+                 for i in range(0, len(level), split_every)]
+    root = client.submit(combine_counted, *level, min_count=min_count, heldout_budget=heldout_bytes, pure=False)
+    piece_of = {f.key: p for f, p in zip(leaves, pieces)}
+    try:
+        for future in as_completed(leaves):
+            piece = piece_of[future.key]
+            if future.status == "error":
+                _raise_for(piece, future)
+            on_piece(piece)
+            future.release()  # the tree node that needs it holds its own reference
+        return root.result()
+    except BaseException:
+        client.cancel([root, *level, *leaves])
+        raise
+
+
+def _raise_for(piece: Piece, future) -> None:
+    try:
+        future.result()
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"counting partition {piece.index} ({piece.input}, row groups {piece.row_groups[0]}.."
+                        f"{piece.row_groups[1] - 1}) failed: {type(e).__name__}: {e}") from e

@@ -1,0 +1,246 @@
+"""train-bpe: count pre-tokens on the cluster, merge on the client, check, write.
+
+The two halves have opposite shapes: counting is a Dask job over the same partitions that
+``tokenize`` plans; merging is one sequential loop (``merge.train_merges``) made fast by its
+data structures. The result is checked (``ranks.problems``, round trips) before it is written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, TextIO
+
+import tiktoken
+
+from ..cluster import connect
+from ..config import DEFAULT_PARTITION_BYTES
+from ..errors import UserError
+from ..plan import Piece, plan_pieces, read_input_metadata
+from ..progress import format_eta, human
+from ..sources import resolve_inputs
+from . import ranks as ranks_io
+from .count import count_on_cluster, resolve_pattern
+from .merge import train_merges
+
+PROGRESS_MODES = ("auto", "bar", "log", "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainBpeConfig:
+    """Everything that decides the trained vocabulary (and, below the line, how the run goes)."""
+
+    inputs: tuple[str, ...]
+    out: str
+    """Where the ranks go; must end in ``.tiktoken`` (the sidecar is OUT + ``.json``)."""
+    vocab_size: int = 32768
+    """n_vocab of the result: mergeable ranks plus special tokens (32,768 fits uint16 output)."""
+    specials: tuple[str, ...] = ()
+    """Special tokens besides ``<|endoftext|>``, which is always first: tokenize needs it."""
+    pattern: str = "gpt2"
+    sample_bytes: int | None = None
+    """Count only about this many bytes of text: whole partitions, spread evenly over the plan."""
+    min_count: int = 1
+    text_column: str = "text"
+    partition_bytes: int = DEFAULT_PARTITION_BYTES
+    holdout_every: int = 100
+    """Every N-th row of each file is held back from counting; 0 holds back nothing."""
+    heldout_bytes: int = 2_000_000
+    """At most this much held-back text reaches the client to measure compression."""
+    storage_options: dict = field(default_factory=dict)
+    # -- how it runs: never changes the ranks --
+    workers: int | None = None
+    scheduler: str | None = None
+    dashboard_address: str = ":8787"
+    progress: str = "auto"
+
+    def __post_init__(self):
+        if not self.inputs:
+            raise UserError("no input given: pass --input PATH_OR_GLOB")
+        if not self.out.endswith(ranks_io.SUFFIX):
+            raise UserError(f"--out {self.out!r} must end in {ranks_io.SUFFIX}: that is how "
+                            "`tokenshards tokenize --encoding FILE.tiktoken` tells a trained file from a built-in name")
+        if self.vocab_size < 256 + len(self.special_tokens):
+            raise UserError(f"--vocab-size {self.vocab_size} is too small: it counts the 256 single bytes and the "
+                            f"{len(self.special_tokens)} special tokens; pass at least {256 + len(self.special_tokens)}")
+        if self.min_count < 1:
+            raise UserError(f"--min-count {self.min_count} must be at least 1")
+        if self.sample_bytes is not None and self.sample_bytes < 1:
+            raise UserError(f"--sample-bytes {self.sample_bytes} must be positive")
+        if self.holdout_every < 0 or self.holdout_every == 1:
+            raise UserError(f"holdout_every={self.holdout_every}: hold back every N-th row with N >= 2, or 0 for none")
+        if self.partition_bytes < 1:
+            raise UserError(f"partition_bytes={self.partition_bytes} must be positive")
+        if self.progress not in PROGRESS_MODES:
+            raise UserError(f"progress={self.progress!r} not supported, expected one of {PROGRESS_MODES}")
+        for token in self.specials:
+            if not token:
+                raise UserError("--special '': a special token needs at least one character")
+
+    @property
+    def special_tokens(self) -> list[str]:
+        return list(dict.fromkeys((ranks_io.ENDOFTEXT, *self.specials)))
+
+    def replace(self, **changes) -> "TrainBpeConfig":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSummary:
+    out: str
+    n_vocab: int
+    corpus_bytes: int
+    docs: int
+    partitions: int
+    unique_pretokens: int
+    merges: int
+    duplicates: int
+    exhausted: bool
+    count_seconds: float
+    merge_seconds: float
+    check_seconds: float
+    seconds: float
+    heldout_bytes: int
+    heldout_tokens: int
+
+    @property
+    def bytes_per_token(self) -> float | None:
+        return self.heldout_bytes / self.heldout_tokens if self.heldout_tokens else None
+
+    def lines(self) -> list[str]:
+        compression = (f"{self.bytes_per_token:.3f} bytes/token on {human(self.heldout_bytes)}B of held-back text"
+                       if self.bytes_per_token else "not measured (no held-back text: the corpus has under 100 rows per file)")
+        lines = [
+            f"done: {self.out}, n_vocab {self.n_vocab:,} ({self.merges:,} merges"
+            + (f", {self.duplicates} repeating an existing token" if self.duplicates else "") + ")",
+            f"      corpus {human(self.corpus_bytes)}B in {self.docs:,} documents, {self.partitions} partitions, "
+            f"{self.unique_pretokens:,} unique pre-tokens",
+            f"      time: counting {self.count_seconds:.1f} s, merging {self.merge_seconds:.1f} s, "
+            f"checking+writing {self.check_seconds:.1f} s, total {self.seconds:.1f} s",
+            f"      compression: {compression}",
+        ]
+        if self.exhausted:
+            lines.append("      note: the corpus ran out of pairs before --vocab-size; the vocabulary is smaller than asked")
+        return lines
+
+
+class _Ticker:
+    """One progress line for a phase: rewritten on a terminal, every ~2 s in logs, or nothing."""
+
+    def __init__(self, mode: str, stream: TextIO | None = None):
+        self.stream = stream or sys.stderr
+        self.mode = ("bar" if self.stream.isatty() else "log") if mode == "auto" else mode
+        self.started = time.perf_counter()
+        self.last = 0.0
+
+    def show(self, line: str, *, final: bool = False) -> None:
+        now = time.perf_counter()
+        if self.mode == "bar":
+            self.stream.write("\r" + line + "\x1b[K" + ("\n" if final else ""))
+            self.stream.flush()
+        elif self.mode == "log" and (final or now - self.last >= 2.0):
+            self.last = now
+            print(line, file=self.stream, flush=True)
+
+    def elapsed(self) -> float:
+        return max(time.perf_counter() - self.started, 1e-9)
+
+
+def select_sample(pieces: list[Piece], sample_bytes: int | None) -> list[Piece]:
+    """Whole pieces spread evenly over the plan, about ``sample_bytes`` of text in all (deterministic)."""
+    total = sum(p.text_bytes for p in pieces)
+    if sample_bytes is None or sample_bytes >= total or not pieces:
+        return pieces
+    k = min(len(pieces), max(1, round(len(pieces) * sample_bytes / total)))
+    return [pieces[i * len(pieces) // k] for i in range(k)]
+
+
+def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = print) -> TrainSummary:
+    """Train, check and write a vocabulary; raises ``UserError`` for anything the user can fix."""
+    t0 = time.perf_counter()
+    pattern_name, pat_str = resolve_pattern(config.pattern)
+    specials = config.special_tokens
+    n_ranks = config.vocab_size - len(specials)
+    name = ranks_io.encoding_name(config.out)
+    try:  # tiktoken's regex engine (fancy-regex) must accept the pattern too: fail before counting
+        tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks={bytes([b]): b for b in range(256)}, special_tokens={})
+    except ValueError as e:
+        raise UserError(f"--pattern: tiktoken cannot compile {pat_str!r} ({e}); use gpt2, cl100k or a regex it accepts") from e
+    sources = resolve_inputs(config.inputs, config.storage_options)
+    ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
+
+    with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
+                 announce=announce) as client:
+        futures = client.map(read_input_metadata, [s.url for s in sources], [s.name for s in sources],
+                             text_column=config.text_column, id_column=None, storage_options=config.storage_options, pure=False)
+        try:
+            files = client.gather(futures)
+        finally:
+            client.cancel(futures)
+        pieces = plan_pieces(files, target_bytes=config.partition_bytes)
+        chosen = select_sample(pieces, config.sample_bytes)
+        plan_bytes = sum(p.text_bytes for p in chosen)
+        announce(f"{len(sources)} input files; counting {pattern_name} pre-tokens in {len(chosen)} of {len(pieces)} "
+                 f"partitions (~{human(plan_bytes)}B of text)")
+
+        t_count = time.perf_counter()
+        ticker = _Ticker(config.progress)
+        done = {"pieces": 0, "bytes": 0}
+
+        def on_piece(piece: Piece) -> None:
+            done["pieces"] += 1
+            done["bytes"] += piece.text_bytes
+            ticker.show(f"counting: partitions {done['pieces']}/{len(chosen)}  {human(done['bytes'])}B  "
+                        f"{human(done['bytes'] / ticker.elapsed())}B/s", final=done["pieces"] == len(chosen))
+
+        counted = count_on_cluster(client, chosen, pat_str=pat_str, text_column=config.text_column,
+                                   storage_options=config.storage_options, min_count=config.min_count,
+                                   holdout_every=config.holdout_every, heldout_bytes=config.heldout_bytes, on_piece=on_piece)
+        count_seconds = time.perf_counter() - t_count
+    unique = counted.table.num_rows
+    announce(f"counted {human(counted.text_bytes)}B in {counted.docs:,} documents: {unique:,} unique pre-tokens"
+             + (f" seen at least {config.min_count} times" if config.min_count > 1 else "") + f" ({count_seconds:.1f} s)")
+
+    merge_ticker = _Ticker(config.progress)
+
+    def on_merge(size: int, target: int) -> None:
+        merged = size - 256
+        rate = merged / merge_ticker.elapsed()
+        eta = (target - size) / rate if rate else 0
+        merge_ticker.show(f"merging: {size:,}/{target:,} ranks  {human(rate)} merges/s  ETA {format_eta(eta)}",
+                          final=size >= target)
+
+    table = counted.table
+    words = zip(table.column("pretoken").to_pylist(), table.column("count").to_pylist())
+    result = train_merges(words, n_ranks=n_ranks, on_progress=on_merge)
+    del words, table
+    if result.exhausted:
+        merge_ticker.show(f"merging: stopped at {len(result.ranks):,} ranks: no pair left", final=True)
+
+    t_check = time.perf_counter()
+    params = ranks_io.encoding_params(name=name, pat_str=pat_str, ranks=result.ranks, specials=specials)
+    found = ranks_io.problems(result.ranks)
+    if found:  # a bug in the merge loop, never the user's doing
+        raise AssertionError(f"trained ranks are inconsistent: {found}")
+    encoding = tiktoken.Encoding(**params)
+    heldout = list(counted.heldout)
+    bad = ranks_io.round_trip_failures(encoding, [ranks_io.ROUND_TRIP_PROBE, *heldout])
+    if bad:
+        raise AssertionError(f"trained encoding does not round-trip: {bad[:3]}")
+    heldout_bytes = sum(len(t.encode()) for t in heldout)
+    heldout_tokens = sum(len(encoding.encode_ordinary(t)) for t in heldout)
+    summary = TrainSummary(
+        out=config.out, n_vocab=encoding.n_vocab, corpus_bytes=counted.text_bytes, docs=counted.docs,
+        partitions=len(chosen), unique_pretokens=unique, merges=len(result.merges), duplicates=result.duplicates,
+        exhausted=result.exhausted, count_seconds=count_seconds, merge_seconds=result.seconds,
+        check_seconds=0.0, seconds=0.0, heldout_bytes=heldout_bytes, heldout_tokens=heldout_tokens,
+    )
+    stats = {"corpus_bytes": summary.corpus_bytes, "docs": summary.docs, "partitions": summary.partitions,
+             "unique_pretokens": unique, "min_count": config.min_count, "merges": summary.merges,
+             "heldout_bytes": heldout_bytes, "heldout_tokens": heldout_tokens,
+             "inputs": [f.url for f in files]}
+    ranks_io.write_trained(config.out, params=params, pattern_name=pattern_name, stats=stats,
+                           storage_options=config.storage_options)
+    now = time.perf_counter()
+    return dataclasses.replace(summary, check_seconds=now - t_check, seconds=now - t0)
