@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .errors import UserError
+from .hub import HubDataset
 
 EOT_POSITIONS = ("prefix", "suffix", "none")
 ON_BAD_FILE = ("fail", "skip")
@@ -28,6 +29,8 @@ class TokenizeConfig:
     on_bad_file: str = "fail"
     overwrite: bool = False
     storage_options: dict = field(default_factory=dict)
+    hub: HubDataset | None = None
+    """A Hub dataset sample (``--dataset/--size``), tokenized after (or besides) ``inputs``."""
     # -- how it runs: never changes the output bytes --
     workers: int | None = None
     scheduler: str | None = None
@@ -38,7 +41,7 @@ class TokenizeConfig:
     retries: int = 2
 
     def __post_init__(self):
-        if not self.inputs:
+        if not self.inputs and self.hub is None:
             raise UserError("no input given: pass --input PATH_OR_GLOB (or --dataset REPO --size SIZE)")
         if self.eot_position not in EOT_POSITIONS:
             raise UserError(f"eot_position={self.eot_position!r} not supported, expected one of {EOT_POSITIONS}")

@@ -1,0 +1,484 @@
+"""Hugging Face Hub inputs: ``--dataset REPO --size 10B`` → the parquet files of ``sample/10BT``.
+
+Every request goes through huggingface_hub (``HfApi``, ``hf_hub_download``), so HF_ENDPOINT,
+HF_TOKEN, HF_HOME/HF_HUB_CACHE and HF_HUB_OFFLINE mean what they mean to it, and its cache
+layout, per-blob file locks and private temporary ``.incomplete`` files are what keep a
+partial download from ever being read. On top of it this module adds what a batch job needs:
+one pinned commit for the whole run, a size/etag check of every file against the listing, a
+disk-space check before anything is fetched, and retries of the transient errors that
+huggingface_hub hands back to its caller (a 5xx on a download's GET, on repo info).
+
+Two ways to fetch (``fetch``):
+
+- ``client`` (default): this process downloads every file once into the HF cache or
+  ``download_dir`` (a shared filesystem on a cluster), then workers read local paths.
+- ``workers``: inputs stay Hub references (``hfcache://datasets/REPO@COMMIT/PATH``); each worker
+  downloads the files its tasks read into its own machine's cache (once per machine: the
+  per-blob lock), through the fsspec filesystem that ``HubFetchPlugin`` registers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import fsspec
+import httpx2
+from distributed import WorkerPlugin
+from fsspec import AbstractFileSystem
+from huggingface_hub import HfApi, RepoFile, RepoFolder, constants, hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.file_download import _cache_commit_hash_for_specific_revision, repo_folder_name
+
+from .errors import UserError
+from .progress import human
+from .sources import Source
+
+FETCH_MODES = ("client", "workers")
+PROTOCOL = "hfcache"
+SAMPLE_DIR = "sample"
+_SIZE = re.compile(r"(\d+)\s*BT?", re.IGNORECASE)
+_TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HubDataset:
+    """A Hub dataset sample to tokenize, and where and how to fetch it."""
+
+    repo: str
+    size: str
+    revision: str = "main"
+    fetch: str = "client"
+    download_dir: str | None = None
+    """A plain folder holding ``sample/10BT/*.parquet`` (huggingface_hub's ``local_dir``), e.g. on a
+    shared filesystem; None: huggingface_hub's cache (``cache_dir``, default HF_HUB_CACHE)."""
+    cache_dir: str | None = None
+    endpoint: str | None = None
+    """None: HF_ENDPOINT, as huggingface_hub read it at import."""
+    keep_free: int = 2**30
+    """Bytes that must stay free on the download disk after the download."""
+    max_workers: int = 8
+    retries: int = 5
+    backoff: float = 1.0
+    """Seconds before the first retry of a transient error; doubles each time, at most 60 s."""
+
+    def __post_init__(self):
+        if self.repo.count("/") != 1 or not all(self.repo.split("/")):
+            raise UserError(f"--dataset {self.repo!r}: expected a dataset repo id OWNER/NAME, e.g. HuggingFaceFW/fineweb")
+        size_folder(self.size)  # validates
+        if self.fetch not in FETCH_MODES:
+            raise UserError(f"fetch={self.fetch!r} not supported, expected one of {FETCH_MODES}")
+        if self.max_workers < 1 or self.retries < 0 or self.keep_free < 0:
+            raise UserError("max_workers must be at least 1, retries and keep_free at least 0")
+
+    @property
+    def folder(self) -> str:
+        return size_folder(self.size)
+
+    @property
+    def hub_endpoint(self) -> str:
+        return (self.endpoint or constants.ENDPOINT).rstrip("/")
+
+    @property
+    def hub_cache(self) -> str:
+        return self.cache_dir or constants.HF_HUB_CACHE
+
+
+@dataclass(frozen=True, kw_only=True)
+class HubFile:
+    path: str
+    """Path in the repo, e.g. ``sample/10BT/000_00000.parquet``: also the document-id prefix."""
+    size: int
+    etag: str
+    """What huggingface_hub names the blob by: the LFS sha256, else the git blob id; "" offline."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HubListing:
+    repo: str
+    revision: str
+    commit: str
+    folder: str
+    files: tuple[HubFile, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def describe(self) -> str:
+        return f"{self.repo}@{self.revision} (commit {self.commit[:12]}) {self.folder}"
+
+
+# -- pure helpers --
+
+def size_folder(size: str) -> str:
+    """``10B`` (or ``10BT``) → ``sample/10BT``: FineWeb's and FineWeb-Edu's sample folders."""
+    m = _SIZE.fullmatch(size.strip())
+    if not m:
+        raise UserError(f"--size {size!r}: expected a sample size such as 10B, 100B or 350B")
+    return f"{SAMPLE_DIR}/{int(m.group(1))}BT"
+
+
+def folder_size(folder: str) -> str:
+    """``sample/10BT`` → ``10B``, the spelling ``--size`` takes."""
+    name = folder.rstrip("/").rsplit("/", 1)[-1]
+    return name[:-1] if name.upper().endswith("BT") else name
+
+
+def check_disk(*, need: int, free: int, keep_free: int, where: str, what: str) -> None:
+    """Refuse before downloading rather than fill the disk halfway through."""
+    if need and need + keep_free > free:
+        raise UserError(
+            f"not enough disk space in {where}: {what} needs {human(need)}B and {human(keep_free)}B must stay free, "
+            f"but only {human(free)}B is free; free some space, download elsewhere (--download-dir DIR or HF_HUB_CACHE), "
+            "or pick a smaller --size")
+
+
+def free_bytes(path: str) -> int:
+    """Free space on the filesystem that holds ``path`` (or would, once created)."""
+    p = Path(path).expanduser().absolute()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def cache_uri(repo: str, commit: str, path: str) -> str:
+    return f"{PROTOCOL}://datasets/{repo}@{commit}/{path}"
+
+
+def parse_cache_uri(uri: str) -> tuple[str, str, str]:
+    """``hfcache://datasets/OWNER/NAME@COMMIT/PATH`` → (repo, commit, path)."""
+    rest = uri.split("://", 1)[-1]
+    m = re.fullmatch(r"datasets/([^/@]+/[^/@]+)@([0-9a-f]{40})/(.+)", rest)
+    if not m:
+        raise UserError(f"{uri!r} is not a {PROTOCOL}://datasets/OWNER/NAME@COMMIT/PATH reference")
+    return m.group(1), m.group(2), m.group(3)
+
+
+# -- listing --
+
+def list_files(ds: HubDataset) -> HubListing:
+    """The parquet files of the size folder at one commit, with sizes and etags (no download).
+
+    With HF_HUB_OFFLINE=1, the files already downloaded for that revision instead."""
+    if constants.is_offline_mode():
+        return _offline_listing(ds)
+    api = HfApi(endpoint=ds.endpoint)
+    where = f"dataset {ds.repo!r} on {ds.hub_endpoint}"
+    try:
+        info = _retrying(lambda: api.dataset_info(ds.repo, revision=ds.revision), ds=ds, what=f"repo info of {where}")
+        commit = info.sha
+        entries = _retrying(lambda: list(api.list_repo_tree(ds.repo, ds.folder, recursive=True, repo_type="dataset",
+                                                            revision=commit)), ds=ds, what=f"file list of {where}")
+    except GatedRepoError as e:
+        raise UserError(f"{where} is gated: accept its terms on the Hub and set HF_TOKEN (or `hf auth login`)") from e
+    except RepositoryNotFoundError as e:
+        raise UserError(f"{where} not found (or private: set HF_TOKEN); check --dataset") from e
+    except RevisionNotFoundError as e:
+        raise UserError(f"{where} has no revision {ds.revision!r}; check --revision (a branch, tag or commit)") from e
+    except EntryNotFoundError as e:
+        raise UserError(_missing_size(api, ds)) from e
+    except (HfHubHTTPError, httpx2.HTTPError, OSError) as e:
+        raise UserError(f"cannot list {where} ({_first_line(e)}); check your connection and "
+                        "HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use the files already downloaded") from e
+    files = tuple(sorted((_hub_file(f) for f in entries if isinstance(f, RepoFile) and f.path.endswith(".parquet")),
+                         key=lambda f: f.path))
+    if not files:
+        raise UserError(f"{where} holds no parquet file under {ds.folder} at revision {ds.revision!r}")
+    return HubListing(repo=ds.repo, revision=ds.revision, commit=commit, folder=ds.folder, files=files)
+
+
+def _hub_file(entry) -> HubFile:
+    lfs = getattr(entry, "lfs", None)
+    return HubFile(path=entry.path, size=int(lfs.size if lfs else entry.size),
+                   etag=lfs.sha256 if lfs else entry.blob_id)
+
+
+def _missing_size(api: HfApi, ds: HubDataset) -> str:
+    """One line naming the missing folder and the sizes that exist."""
+    try:
+        folders = [f.path for f in api.list_repo_tree(ds.repo, SAMPLE_DIR, repo_type="dataset", revision=ds.revision)
+                   if isinstance(f, RepoFolder)]
+    except (HfHubHTTPError, EntryNotFoundError):
+        folders = []
+    sizes = ", ".join(folder_size(f) for f in sorted(folders, key=lambda f: (len(f), f))) or f"none (no {SAMPLE_DIR}/ folder)"
+    return (f"dataset {ds.repo!r} at revision {ds.revision!r} has no size {ds.size} (folder {ds.folder}); "
+            f"sizes that exist: {sizes}")
+
+
+def _offline_listing(ds: HubDataset) -> HubListing:
+    """HF_HUB_OFFLINE=1: what an earlier download left for this revision (sizes from disk, no etags)."""
+    if ds.download_dir:
+        base = Path(ds.download_dir)
+        commit = ds.revision if _COMMIT.fullmatch(ds.revision) else "0" * 40
+    else:
+        storage = Path(ds.hub_cache) / repo_folder_name(repo_id=ds.repo, repo_type="dataset")
+        ref = storage / "refs" / ds.revision
+        commit = ds.revision if _COMMIT.fullmatch(ds.revision) else (ref.read_text().strip() if ref.is_file() else "")
+        base = storage / "snapshots" / commit
+    found = sorted(p for p in (base / ds.folder).glob("**/*.parquet") if p.is_file()) if commit else []
+    if not found:
+        raise UserError(f"HF_HUB_OFFLINE is set and no file of {ds.repo}@{ds.revision} {ds.folder} was downloaded to "
+                        f"{base if commit else ds.hub_cache}; download it first (unset HF_HUB_OFFLINE)")
+    files = tuple(HubFile(path=p.relative_to(base).as_posix(), size=p.stat().st_size, etag="") for p in found)
+    return HubListing(repo=ds.repo, revision=ds.revision, commit=commit, folder=ds.folder, files=files)
+
+
+# -- downloading (client mode) --
+
+def local_path(ds: HubDataset, listing: HubListing, f: HubFile) -> Path:
+    """Where huggingface_hub puts (or put) ``f``: the snapshot link in the cache, or under download_dir."""
+    if ds.download_dir:
+        return Path(ds.download_dir) / f.path
+    storage = Path(ds.hub_cache) / repo_folder_name(repo_id=listing.repo, repo_type="dataset")
+    return storage / "snapshots" / listing.commit / f.path
+
+
+def is_present(ds: HubDataset, listing: HubListing, f: HubFile) -> bool:
+    """Downloaded whole, with the listed size (a partial download is never at this path)."""
+    p = local_path(ds, listing, f)
+    return p.is_file() and p.stat().st_size == f.size
+
+
+def download(ds: HubDataset, listing: HubListing, *, announce: Callable[[str], None] = print) -> list[Source]:
+    """Fetch what is missing (after saying how much, and checking the disk); return local sources."""
+    todo = [f for f in listing.files if not is_present(ds, listing, f)]
+    target = ds.download_dir or ds.hub_cache
+    need = sum(f.size for f in todo)
+    free = free_bytes(target)
+    have = len(listing.files) - len(todo)
+    announce(f"{listing.describe()}: {len(listing.files)} files, {human(listing.bytes)}B"
+             + (f"; {have} already downloaded" if have else "")
+             + f"; fetching {len(todo)} files ({human(need)}B) into {target}, {human(free)}B free")
+    check_disk(need=need, free=free, keep_free=ds.keep_free, where=target,
+               what=f"fetching {len(todo)} files of {listing.describe()}")
+    if constants.is_offline_mode():
+        if todo:
+            raise UserError(f"HF_HUB_OFFLINE is set but {len(todo)} files of {listing.describe()} are incomplete; "
+                            "unset HF_HUB_OFFLINE to fetch them")
+    else:
+        _fetch_all(ds, listing, listing.files, announce=announce)
+        _remember_revision(ds, listing)
+    return [Source(url=str(local_path(ds, listing, f)), name=f.path) for f in listing.files]
+
+
+def _remember_revision(ds: HubDataset, listing: HubListing) -> None:
+    """Record revision → commit in the cache's ``refs/`` as huggingface_hub does when it resolves a
+    branch itself (we download at the pinned commit, so it doesn't), for HF_HUB_OFFLINE=1 reruns."""
+    if ds.download_dir or listing.revision == listing.commit:
+        return
+    storage = os.path.join(ds.hub_cache, repo_folder_name(repo_id=listing.repo, repo_type="dataset"))
+    try:
+        _cache_commit_hash_for_specific_revision(storage, listing.revision, listing.commit)
+    except OSError:
+        pass  # only offline reruns need it; huggingface_hub ignores this failure too
+
+
+def _fetch_all(ds: HubDataset, listing: HubListing, files, *, announce: Callable[[str], None]) -> None:
+    """Every file through ``fetch_file`` (present ones cost no request: the commit is pinned)."""
+    total = sum(f.size for f in files)
+    done = [0, 0]
+    lock = threading.Lock()
+    with ThreadPoolExecutor(max_workers=ds.max_workers, thread_name_prefix="tokenshards-hub") as pool:
+        futures = {pool.submit(fetch_file, ds, listing.repo, listing.commit, f): f for f in files}
+        try:
+            for future in as_completed(futures):
+                future.result()
+                f = futures[future]
+                with lock:
+                    done[0] += 1
+                    done[1] += f.size
+                    announce(f"fetched {done[0]}/{len(files)} ({human(done[1])}B of {human(total)}B): {f.path}")
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+
+
+def fetch_file(ds: HubDataset, repo: str, commit: str, f: HubFile) -> str:
+    """``f`` downloaded whole at ``commit``; its local path. A file whose size or etag differs from
+    the listing is fetched again; transient errors (429, 5xx, dropped connections) are retried."""
+    force = False
+    attempt = 0
+    where = f"{f.path} of {repo}@{commit[:12]} from {ds.hub_endpoint}"
+    while True:
+        try:
+            path = hf_hub_download(repo, f.path, repo_type="dataset", revision=commit, endpoint=ds.endpoint,
+                                   cache_dir=ds.cache_dir, local_dir=ds.download_dir, force_download=force,
+                                   tqdm_class=_NoBar)
+        except (RepositoryNotFoundError, RevisionNotFoundError, RemoteEntryNotFoundError) as e:
+            raise UserError(f"cannot download {where}: {_first_line(e)}; the repo changed since it was listed? rerun") from e
+        except Exception as e:
+            if (_is_transient(e) or _is_short_read(e)) and attempt < ds.retries:
+                attempt = _sleep(ds, attempt)
+                continue
+            raise UserError(f"cannot download {where} after {attempt + 1} attempts ({_first_line(e)}); "
+                            "rerun to resume (files already downloaded are kept)") from e
+        problem = _disagreement(path, f, cache=ds.download_dir is None)
+        if problem is None:
+            return path
+        if force:
+            raise UserError(f"{where}: {problem} even after a fresh download; the Hub's listing and file disagree")
+        force = True
+
+
+def _disagreement(path: str, f: HubFile, *, cache: bool) -> str | None:
+    size = os.path.getsize(path)
+    if size != f.size:
+        return f"local copy holds {size} bytes, the Hub lists {f.size}"
+    if cache and f.etag and os.path.basename(os.path.realpath(path)) != f.etag:
+        return f"local copy is blob {os.path.basename(os.path.realpath(path))}, the Hub lists etag {f.etag}"
+    return None
+
+
+def _is_transient(e: BaseException | None) -> bool:
+    """429, 5xx or a network error, raised as such or as the cause huggingface_hub wrapped
+    ("cannot find the requested files in the local cache", "Force download failed")."""
+    for err in (e, getattr(e, "__cause__", None)):
+        if isinstance(err, HfHubHTTPError) and not isinstance(err, EntryNotFoundError) and err.response is not None:
+            if err.response.status_code in _TRANSIENT_STATUS:
+                return True
+        elif isinstance(err, httpx2.TransportError):
+            return True
+    return False
+
+
+def _is_short_read(e: BaseException) -> bool:
+    """huggingface_hub's "Consistency check failed" after a download that ended early."""
+    return isinstance(e, OSError) and "Consistency check failed" in str(e)
+
+
+def _sleep(ds: HubDataset, attempt: int) -> int:
+    time.sleep(min(60.0, ds.backoff * 2**attempt))
+    return attempt + 1
+
+
+def _retrying(call, *, ds: HubDataset, what: str):
+    """``call()``, retried on 429/5xx/network errors: repo info is a plain GET in huggingface_hub."""
+    attempt = 0
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            # A refused connection is rarely a blip: a wrong HF_ENDPOINT should fail in seconds.
+            limit = min(ds.retries, 2) if isinstance(e, httpx2.ConnectError) else ds.retries
+            if not _is_transient(e) or attempt >= limit:
+                raise
+            attempt = _sleep(ds, attempt)
+
+
+def _first_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:200]}"
+
+
+class _NoBar:
+    """huggingface_hub's per-file bars would interleave from 8 threads; we print one line per file."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def update(self, n=1):
+        pass
+
+    def close(self):
+        pass
+
+
+# -- workers mode --
+
+class HubCacheFileSystem(AbstractFileSystem):
+    """``hfcache://datasets/REPO@COMMIT/PATH`` opened from this machine's HF cache, downloading the
+    file first when missing (huggingface_hub's per-blob lock makes concurrent workers of one
+    machine wait for one download instead of starting their own)."""
+
+    protocol = PROTOCOL
+    datasets: dict[tuple[str, str], tuple[HubDataset, dict[str, HubFile]]] = {}
+    """(repo, commit) → how to fetch and the listed files; filled by ``HubFetchPlugin.setup``."""
+
+    def __init__(self, *args, **storage_options):
+        super().__init__()  # storage options belong to other protocols (s3://): nothing to take here
+
+    def _local(self, path: str) -> str:
+        repo, commit, file = parse_cache_uri(path)
+        entry = self.datasets.get((repo, commit))
+        if entry is None:
+            raise UserError(f"{path}: this worker was not set up for {repo}@{commit[:12]} (HubFetchPlugin missing)")
+        ds, files = entry
+        f = files.get(file)
+        if f is None:
+            raise FileNotFoundError(f"{path}: not in the listing of {repo}@{commit[:12]}")
+        return fetch_file(ds, repo, commit, f)
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        return path.split("://", 1)[-1] if isinstance(path, str) else path
+
+    def info(self, path, **kwargs):
+        return {"name": path, "size": os.path.getsize(self._local(path)), "type": "file"}
+
+    def _open(self, path, mode="rb", **kwargs):
+        if mode != "rb":
+            raise PermissionError(f"{PROTOCOL}:// is read-only")
+        return open(self._local(path), "rb")
+
+
+class HubFetchPlugin(WorkerPlugin):
+    """Registers ``hfcache://`` on each worker with the client's endpoint and listing, so every
+    machine fetches from the Hub the client listed, at the same commit."""
+
+    def __init__(self, ds: HubDataset, listing: HubListing):
+        self.ds = dataclasses.replace(ds, endpoint=ds.hub_endpoint)
+        self.key = (listing.repo, listing.commit)
+        self.files = {f.path: f for f in listing.files}
+        digest = hashlib.sha256(repr((self.ds, self.key, sorted(self.files))).encode()).hexdigest()[:16]
+        self.name = f"tokenshards-hub-{digest}"
+
+    def setup(self, worker):
+        HubCacheFileSystem.datasets[self.key] = (self.ds, self.files)
+        fsspec.register_implementation(PROTOCOL, HubCacheFileSystem, clobber=True)
+
+
+def _worker_free(path: str | None) -> tuple[str, str, int]:
+    import socket
+
+    where = path or constants.HF_HUB_CACHE
+    return socket.gethostname(), where, free_bytes(where)
+
+
+def prepare_workers(client, ds: HubDataset, listing: HubListing, *, announce: Callable[[str], None] = print) -> list[Source]:
+    """Workers mode: check each machine's disk, register the plugin, return Hub references."""
+    target = ds.download_dir or ds.cache_dir
+    by_host = {host: (where, free) for host, where, free in client.run(_worker_free, target).values()}
+    if not by_host:
+        raise UserError("no Dask worker is connected; start `dask worker SCHEDULER` first")
+    share = max(max((f.size for f in listing.files), default=0), listing.bytes // len(by_host))
+    announce(f"{listing.describe()}: {len(listing.files)} files, {human(listing.bytes)}B; each of {len(by_host)} "
+             f"machines fetches the files of its own partitions into its cache (about {human(share)}B each)")
+    for host, (where, free) in sorted(by_host.items()):
+        check_disk(need=share, free=free, keep_free=ds.keep_free, where=f"{host}:{where}",
+                   what=f"this machine's share of {listing.describe()}")
+    client.register_plugin(HubFetchPlugin(ds, listing))
+    return [Source(url=cache_uri(listing.repo, listing.commit, f.path), name=f.path) for f in listing.files]

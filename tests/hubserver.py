@@ -1,0 +1,313 @@
+"""A stand-in Hugging Face Hub for tests: serves one dataset repo from a folder to the real client.
+
+It answers the requests huggingface_hub 2.x makes (read from its source, not guessed):
+
+- ``GET /api/datasets/REPO[/revision/REV]``: repo info (``HfApi.dataset_info``); 404 with
+  ``X-Error-Code: RepoNotFound`` / ``RevisionNotFound`` as the Hub does;
+- ``GET /api/datasets/REPO/tree/REV[/PATH]?recursive=..``: tree listing (``list_repo_tree``),
+  paginated with a ``Link: <...>; rel="next"`` header when ``page_size`` is set; a missing
+  path is 404 ``EntryNotFound``;
+- ``HEAD``/``GET /datasets/REPO/resolve/REV/PATH`` (``hf_hub_download``): ``X-Repo-Commit``,
+  ``ETag`` (the LFS sha256 for parquet files, the git blob sha1 for others, as the Hub does),
+  ``X-Linked-Size``/``X-Linked-Etag`` for LFS files, and ``Range`` requests (206).
+
+Faults for tests: ``fail(...)`` answers matching requests with a status (429, 500...) a number of
+times; ``drop(...)`` sends headers and only part of a body, then closes the connection. Every
+request is logged in ``requests`` so tests can assert what the client fetched.
+
+Run alone to try ``make tokenize`` against it: ``python tests/hubserver.py ROOT --repo R``.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+LFS_SUFFIXES = (".parquet",)
+
+
+@dataclass
+class Fault:
+    pattern: re.Pattern
+    method: str | None
+    times: int
+    status: int | None = None
+    headers: dict = field(default_factory=dict)
+    drop_after: int | None = None
+
+
+@dataclass(frozen=True)
+class Logged:
+    method: str
+    path: str
+    range: str | None
+    status: int
+
+
+class HubServer:
+    """Serves the files under ``root`` as dataset repo ``repo`` at commit ``commit`` (branch ``main``)."""
+
+    def __init__(self, root: Path, *, repo: str = "HuggingFaceFW/fineweb", commit: str | None = None,
+                 page_size: int | None = None, branches: tuple[str, ...] = ("main",)):
+        self.root = Path(root)
+        self.repo = repo
+        self.commit = commit or hashlib.sha1(f"{repo}@{time.time_ns()}".encode()).hexdigest()
+        self.page_size = page_size
+        self.branches = branches
+        self.requests: list[Logged] = []
+        self._faults: list[Fault] = []
+        self._lock = threading.Lock()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --
+    def start(self) -> "HubServer":
+        handler = type("Handler", (_Handler,), {"hub": self})
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._thread.join()
+            self._httpd = None
+
+    def __enter__(self) -> "HubServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    # -- test controls --
+    def fail(self, path_regex: str, *, status: int, times: int = 1, method: str | None = None,
+             headers: dict | None = None) -> None:
+        """Answer the next ``times`` matching requests with ``status`` (e.g. 429 with Retry-After)."""
+        with self._lock:
+            self._faults.append(Fault(re.compile(path_regex), method, times, status=status, headers=headers or {}))
+
+    def drop(self, path_regex: str, *, after_bytes: int, times: int = 1) -> None:
+        """For the next ``times`` matching GETs, send the headers and ``after_bytes`` of the body, then hang up."""
+        with self._lock:
+            self._faults.append(Fault(re.compile(path_regex), "GET", times, drop_after=after_bytes))
+
+    def downloads(self, path: str | None = None) -> list[Logged]:
+        """Successful body-carrying GETs of resolve URLs (optionally of one repo path)."""
+        return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path and r.status in (200, 206)
+                and (path is None or r.path.endswith("/" + quote(path)))]
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.times > 0 and (fault.method in (None, method)) and fault.pattern.search(path):
+                    fault.times -= 1
+                    return fault
+        return None
+
+    # -- the repo --
+    def files(self) -> list[str]:
+        return sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
+
+    def entry(self, path: str) -> dict:
+        data = (self.root / path).read_bytes()
+        blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        out = {"type": "file", "oid": blob, "size": len(data), "path": path}
+        if path.endswith(LFS_SUFFIXES):
+            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\nsize {len(data)}\n"
+            out["oid"] = hashlib.sha1(b"blob %d\0" % len(pointer) + pointer.encode()).hexdigest()
+            out["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": len(pointer)}
+        return out
+
+    def etag(self, path: str) -> str:
+        e = self.entry(path)
+        return e["lfs"]["oid"] if "lfs" in e else e["oid"]
+
+    def tree(self, folder: str, *, recursive: bool) -> list[dict] | None:
+        files = self.files()
+        prefix = folder.strip("/") + "/" if folder.strip("/") else ""
+        if prefix and not any(f.startswith(prefix) for f in files):
+            return None
+        out: dict[str, dict] = {}
+        for f in files:
+            if not f.startswith(prefix):
+                continue
+            rest = f[len(prefix):].split("/")
+            if recursive:
+                for i in range(1, len(rest)):
+                    d = prefix + "/".join(rest[:i])
+                    out.setdefault(d, {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d})
+                out[f] = self.entry(f)
+            elif len(rest) == 1:
+                out[f] = self.entry(f)
+            else:
+                d = prefix + rest[0]
+                out.setdefault(d, {"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d})
+        return [out[k] for k in sorted(out)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    hub: HubServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:  # keep pytest output clean
+        pass
+
+    # -- plumbing --
+    def _send(self, status: int, body: bytes = b"", headers: dict | None = None, *, head: bool = False) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        if "Content-Length" not in (headers or {}):
+            self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+        self.hub.requests.append(Logged(self.command, self.path, self.headers.get("Range"), status))
+
+    def _json(self, status: int, obj, headers: dict | None = None) -> None:
+        self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
+
+    def _error(self, status: int, code: str, message: str, *, head: bool = False) -> None:
+        body = json.dumps({"error": message}).encode()
+        self._send(status, body, {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message},
+                   head=head)
+
+    def do_GET(self) -> None:
+        self._dispatch(head=False)
+
+    def do_HEAD(self) -> None:
+        self._dispatch(head=True)
+
+    def _dispatch(self, *, head: bool) -> None:
+        hub = self.hub
+        fault = hub._take_fault(self.command, self.path)
+        if fault is not None and fault.status is not None:
+            self._send(fault.status, b"injected fault", {"Content-Type": "text/plain", **fault.headers}, head=head)
+            return
+        url = urlsplit(self.path)
+        path = unquote(url.path)
+        query = parse_qs(url.query)
+        api = f"/api/datasets/{hub.repo}"
+        resolve = f"/datasets/{hub.repo}/resolve/"
+        if path.startswith("/api/datasets/") and not path.startswith(api + "/") and path != api:
+            self._error(404, "RepoNotFound", "Repository not found", head=head)
+        elif path == api or path.startswith(api + "/revision/"):
+            rev = path[len(api + "/revision/"):] if path != api else "main"
+            if not self._known_revision(rev):
+                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head=head)
+                return
+            self._json(200, {"id": hub.repo, "sha": hub.commit, "private": False, "gated": False, "disabled": False,
+                             "siblings": [{"rfilename": f} for f in hub.files()]})
+        elif path.startswith(api + "/tree/"):
+            rev, _, folder = path[len(api + "/tree/"):].partition("/")
+            if not self._known_revision(rev):
+                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head=head)
+                return
+            entries = hub.tree(folder, recursive=query.get("recursive", ["false"])[0].lower() == "true")
+            if entries is None:
+                self._error(404, "EntryNotFound", f"{folder} does not exist on {rev}", head=head)
+                return
+            self._paged(entries, query)
+        elif path.startswith(resolve):
+            rev, _, file = path[len(resolve):].partition("/")
+            if not self._known_revision(rev):
+                self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head=head)
+            elif not (hub.root / file).is_file() or file not in hub.files():
+                self._error(404, "EntryNotFound", f"{file} does not exist on {rev}", head=head)
+            else:
+                self._file(file, head=head, drop_after=fault.drop_after if fault else None)
+        elif path.startswith("/datasets/") or path.startswith("/api/"):
+            self._error(404, "RepoNotFound", "Repository not found", head=head)
+        else:
+            self._send(404, b"not found", head=head)
+
+    def _known_revision(self, rev: str) -> bool:
+        return rev in self.hub.branches or rev == self.hub.commit
+
+    def _paged(self, entries: list[dict], query: dict) -> None:
+        size = self.hub.page_size
+        if not size:
+            self._json(200, entries)
+            return
+        start = int(query.get("cursor", ["0"])[0])
+        headers = {}
+        if start + size < len(entries):
+            url = urlsplit(self.path)
+            rest = {k: v[0] for k, v in query.items() if k != "cursor"}
+            qs = "&".join(f"{k}={quote(v)}" for k, v in rest.items())
+            host = self.headers.get("Host")
+            headers["Link"] = f'<http://{host}{url.path}?{qs}&cursor={start + size}>; rel="next"'
+        self._json(200, entries[start:start + size], headers)
+
+    def _file(self, file: str, *, head: bool, drop_after: int | None) -> None:
+        hub = self.hub
+        data = (hub.root / file).read_bytes()
+        etag = hub.etag(file)
+        headers = {"X-Repo-Commit": hub.commit, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
+                   "Content-Type": "application/octet-stream"}
+        if file.endswith(LFS_SUFFIXES):
+            headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data))})
+        status, body = 200, data
+        wanted = self.headers.get("Range")
+        if wanted and not head:
+            m = re.fullmatch(r"bytes=(\d+)-(\d*)", wanted.strip())
+            if not m or int(m.group(1)) >= len(data):
+                self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
+                return
+            first = int(m.group(1))
+            last = int(m.group(2)) if m.group(2) else len(data) - 1
+            body = data[first:last + 1]
+            status = 206
+            headers["Content-Range"] = f"bytes {first}-{first + len(body) - 1}/{len(data)}"
+        headers["Content-Length"] = str(len(body))
+        if drop_after is None or head:
+            self._send(status, body, headers, head=head)
+            return
+        # Hang up mid-body: the client sees fewer bytes than Content-Length promised.
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body[:drop_after])
+        self.wfile.flush()
+        self.hub.requests.append(Logged(self.command, self.path, wanted, -status))
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="Serve a folder as a dataset repo to huggingface_hub (HF_ENDPOINT).")
+    p.add_argument("root")
+    p.add_argument("--repo", default="HuggingFaceFW/fineweb")
+    p.add_argument("--page-size", type=int)
+    a = p.parse_args()
+    with HubServer(Path(a.root), repo=a.repo, page_size=a.page_size) as hub:
+        print(f"HF_ENDPOINT={hub.url}  (repo {hub.repo}, commit {hub.commit}); Ctrl-C stops", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
