@@ -46,7 +46,51 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a different earlier run in --out")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
+    _add_hub_arguments(p)
+    p.add_argument("--download-dir", metavar="DIR",
+                   help="with --dataset: download into DIR/sample/... (e.g. a shared filesystem) instead of the HF cache")
+    p.add_argument("--fetch", default="client", choices=["client", "workers"],
+                   help="with --dataset: this process downloads every file once, workers read them (client, default); "
+                        "or each worker machine downloads the files of its own partitions into its own cache (workers)")
     p.set_defaults(run=_run_tokenize)
+
+
+def _add_hub_arguments(p) -> None:
+    p.add_argument("--dataset", metavar="REPO", help="Hub dataset repo, e.g. HuggingFaceFW/fineweb or HuggingFaceFW/fineweb-edu")
+    p.add_argument("--size", metavar="SIZE", help="sample to fetch: 10B, 100B or 350B (the repo's sample/10BT ...)")
+    p.add_argument("--revision", default="main", help="branch, tag or commit of the dataset repo (default main)")
+    p.add_argument("--keep-free-gb", type=float, default=1.0,
+                   help="refuse to download when less than this much disk would stay free (default 1)")
+
+
+def _hub_dataset(args, *, download_dir: str | None, fetch: str = "client"):
+    """The ``--dataset/--size`` part of the command line, or None when not given."""
+    from .hub import HubDataset
+
+    if args.dataset is None and args.size is None:
+        return None
+    if args.size is None:
+        raise UserError(f"--dataset {args.dataset} needs --size (10B, 100B or 350B)")
+    return HubDataset(repo=args.dataset or "HuggingFaceFW/fineweb", size=args.size, revision=args.revision,
+                      fetch=fetch, download_dir=download_dir, keep_free=int(args.keep_free_gb * 2**30))
+
+
+def _add_download(sub) -> None:
+    p = sub.add_parser("download", help="fetch a Hub dataset sample (e.g. FineWeb sample/10BT) without tokenizing")
+    _add_hub_arguments(p)
+    p.add_argument("--to", metavar="DIR", help="folder for sample/.../*.parquet (default: the HF cache, HF_HUB_CACHE)")
+    p.set_defaults(run=_run_download)
+
+
+def _run_download(args) -> int:
+    from . import hub
+
+    if args.dataset is None and args.size is None:
+        raise UserError("download needs --dataset REPO --size SIZE, e.g. --dataset HuggingFaceFW/fineweb --size 10B")
+    ds = _hub_dataset(args, download_dir=args.to)
+    sources = hub.download(ds, hub.list_files(ds), announce=_say)
+    print(f"downloaded: {len(sources)} parquet files in {sources[0].url.rsplit('/', 1)[0]}")
+    return 0
 
 
 def _run_tokenize(args) -> int:
@@ -59,6 +103,7 @@ def _run_tokenize(args) -> int:
         partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else DEFAULT_PARTITION_BYTES,
         on_bad_file=args.on_bad_file, overwrite=args.overwrite, storage_options=_storage_options(args.storage_option),
         workers=args.workers, scheduler=args.scheduler, dashboard_address=args.dashboard_address, progress=args.progress,
+        hub=_hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch),
     )
     summary = run_tokenize(config, announce=_say)
     for line in summary.lines():
@@ -144,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors too")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_tokenize(sub)
+    _add_download(sub)
     _add_demo(sub)
     _add_train_bpe(sub)
     return parser

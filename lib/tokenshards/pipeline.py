@@ -9,7 +9,7 @@ import dask
 import dask.dataframe as dd
 from distributed import Client, as_completed
 
-from . import manifest
+from . import hub, manifest
 from .cluster import connect
 from .config import TokenizeConfig
 from .encoders import EncoderPlugin, load_encoding, plugin_name
@@ -48,7 +48,7 @@ class Summary:
 def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = print) -> Summary:
     """Run the whole job; returns its summary. Raises ``UserError`` for anything the user can fix."""
     t0 = time.perf_counter()
-    sources = resolve_inputs(config.inputs, config.storage_options)
+    sources = resolve_inputs(config.inputs, config.storage_options) if config.inputs else []
     out_fs, out_root = filesystem(config.out, config.storage_options)
     if config.overwrite and out_fs.exists(out_root):
         announce(f"--overwrite: removing the earlier run in {config.out}")
@@ -56,9 +56,14 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     ensure_writable(out_fs, out_root, config.out)
     loaded = load_encoding(config.encoding, announce=announce)
     spec = loaded.spec
+    listing = hub.list_files(config.hub) if config.hub else None
+    if listing is not None and config.hub.fetch == "client":
+        sources += hub.download(config.hub, listing, announce=announce)
 
     with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
                  announce=announce) as client:
+        if listing is not None and config.hub.fetch == "workers":
+            sources += hub.prepare_workers(client, config.hub, listing, announce=announce)
         files, bad = _read_metadata(client, sources, config)
         if not files:
             raise UserError("every input was skipped as unreadable; nothing to tokenize")
