@@ -1,0 +1,99 @@
+"""Nothing lost: a killed worker or client never costs correctness; a rerun resumes."""
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from daskprocs import dask_processes
+from tokenshards.config import TokenizeConfig
+from tokenshards.demo import help_topics
+from tokenshards.pipeline import run_tokenize
+
+TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
+PARTITION_BYTES = 250_000
+
+
+@pytest.fixture(scope="module")
+def big_corpus(tmp_path_factory):
+    """~12 MB of real text (pydoc's topics, repeated with a varying prefix): some seconds of work
+    on two workers, so there is time to kill things mid-run."""
+    root = tmp_path_factory.mktemp("big")
+    topics = [text for _, text in help_topics()]
+    for shard in range(3):
+        texts = [f"copy {shard}.{i}\n{topics[i % len(topics)]}" for i in range(2 * len(topics) * 3)]
+        pq.write_table(pa.table({"text": texts, "id": [f"{shard}-{i}" for i in range(len(texts))]}),
+                       root / f"shard{shard}.parquet", row_group_size=40)
+    return root
+
+
+@pytest.fixture(scope="module")
+def clean_run(big_corpus, tmp_path_factory, cluster):
+    out = tmp_path_factory.mktemp("clean") / "out"
+    run_tokenize(TokenizeConfig(inputs=(str(big_corpus),), out=str(out), partition_bytes=PARTITION_BYTES,
+                                scheduler=cluster.scheduler_address, progress="none"), announce=lambda m: None)
+    return out
+
+
+def _files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+
+def _wait_for_done(out: Path, at_least: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        n = len(list((out / "parts").glob("*.done.json"))) if (out / "parts").exists() else 0
+        if n >= at_least:
+            return n
+        time.sleep(0.02)
+    raise AssertionError(f"fewer than {at_least} partitions committed after {timeout} s")
+
+
+def test_killed_worker_output_equals_clean_run(big_corpus, clean_run, tmp_path):
+    out = tmp_path / "out"
+    with dask_processes(tmp_path, workers=2) as procs:
+        config = TokenizeConfig(inputs=(str(big_corpus),), out=str(out), partition_bytes=PARTITION_BYTES,
+                                scheduler=procs.address, progress="none")
+        result: dict = {}
+        job = threading.Thread(target=lambda: result.update(summary=run_tokenize(config, announce=lambda m: None)))
+        job.start()
+        _wait_for_done(out, 3)
+        procs.kill(procs.workers[0])  # the machine is gone, mid-task
+        procs.start_worker()
+        job.join(180)
+        assert not job.is_alive() and "summary" in result
+    assert _files(out) == _files(clean_run)
+
+
+def test_killed_client_then_rerun_resumes(big_corpus, clean_run, tmp_path):
+    out = tmp_path / "out"
+    cmd = [TOKENSHARDS, "tokenize", "--input", str(big_corpus), "--out", str(out),
+           "--partition-mb", str(PARTITION_BYTES / 1e6), "--progress", "none"]
+    with dask_processes(tmp_path, workers=2) as procs:
+        client = subprocess.Popen([*cmd, "--scheduler", procs.address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        committed = _wait_for_done(out, 3)
+        procs.kill(client)
+        assert not (out / "manifest.json").exists()
+        rerun = subprocess.run([*cmd, "--scheduler", procs.address], capture_output=True, text=True, timeout=180)
+    assert rerun.returncode == 0, rerun.stderr
+    assert "already committed, skipping them" in rerun.stderr
+    skipped = int(rerun.stdout.split(" partitions (")[1].split(" already")[0])
+    assert skipped >= committed
+    assert _files(out) == _files(clean_run)
+
+
+def test_rerun_of_a_finished_run_changes_nothing(big_corpus, clean_run, tmp_path, cluster):
+    out = tmp_path / "copy"
+    import shutil
+
+    shutil.copytree(clean_run, out)
+    before = _files(out)
+    summary = run_tokenize(TokenizeConfig(inputs=(str(big_corpus),), out=str(out), partition_bytes=PARTITION_BYTES,
+                                          scheduler=cluster.scheduler_address, progress="none"), announce=lambda m: None)
+    assert summary.skipped_partitions == summary.partitions
+    assert _files(out) == before
