@@ -107,6 +107,10 @@ class HubServer:
         with self._lock:
             self._faults.append(Fault(re.compile(path_regex), "GET", times, drop_after=after_bytes))
 
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
     def downloads(self, path: str | None = None) -> list[Logged]:
         """Successful body-carrying GETs of resolve URLs (optionally of one repo path)."""
         return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path and r.status in (200, 206)
