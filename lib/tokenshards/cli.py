@@ -180,6 +180,39 @@ def _run_train_bpe(args) -> int:
     return 0
 
 
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write a finished run as llm.c, build-nanogpt, nanoGPT or Megatron files")
+    p.add_argument("out", metavar="OUT", help="output folder or s3://bucket/prefix of a finished run")
+    p.add_argument("--format", required=True, choices=["llmc", "npy", "nanogpt", "megatron"],
+                   help="llmc: llm.c/modded-nanogpt .bin shards; npy: build-nanogpt .npy shards; "
+                        "nanogpt: train.bin/val.bin; megatron: Megatron-LM .bin/.idx")
+    p.add_argument("--to", required=True, metavar="DEST", help="folder or s3://bucket/prefix for the files")
+    p.add_argument("--shard-tokens", type=int, metavar="N", help="tokens per shard, llmc and npy (default 100,000,000)")
+    p.add_argument("--val-tokens", type=int, default=10_485_760, metavar="N",
+                   help="validation tokens, whole documents chosen by a hash of their id; 0 for none (default 10,485,760)")
+    p.add_argument("--prefix", metavar="NAME", help="file name prefix, llmc/npy/megatron (default fineweb)")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export of this format in DEST")
+    p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
+    p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
+    p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
+    p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
+                   help="passed to fsspec/s3fs, for OUT and DEST; repeatable")
+    p.set_defaults(run=_run_export)
+
+
+def _run_export(args) -> int:
+    from .export import ExportConfig, run_export
+
+    config = ExportConfig(out=args.out, format=args.format, to=args.to, shard_tokens=args.shard_tokens,
+                          val_tokens=args.val_tokens, prefix=args.prefix, overwrite=args.overwrite,
+                          storage_options=_storage_options(args.storage_option), workers=args.workers,
+                          scheduler=args.scheduler, dashboard_address=args.dashboard_address)
+    summary = run_export(config, announce=_say)
+    for line in summary.lines():
+        print(line)
+    return 0
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -191,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tokenize(sub)
     _add_download(sub)
     _add_demo(sub)
+    _add_export(sub)
     _add_train_bpe(sub)
     return parser
 
