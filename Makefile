@@ -10,11 +10,16 @@ WORKERS ?=
 SCHEDULER ?=
 ENCODING ?= gpt2
 DEMO_DIR ?= data/demo
+# With SIZE: where the Hub files go (default the HF cache), who fetches them (client|workers), which revision.
+DOWNLOAD_DIR ?=
+FETCH ?=
+REVISION ?=
+HUB_FLAGS = --dataset $(DATASET) --size $(SIZE) $(if $(REVISION),--revision $(REVISION))
 
 TOKENIZE_FLAGS = --out $(OUT) --encoding $(ENCODING) \
 	$(if $(WORKERS),--workers $(WORKERS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER))
 
-.PHONY: install tokenize test bench demo-corpus clean
+.PHONY: install tokenize download test bench demo-corpus clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,8 +41,14 @@ ifeq ($(SIZE),)
 	@test -f $(DEMO_DIR)/000_00000.parquet || $(BIN)/tokenshards demo-corpus --to $(DEMO_DIR)
 	$(BIN)/tokenshards tokenize --input '$(DEMO_DIR)/*.parquet' $(TOKENIZE_FLAGS)
 else
-	$(BIN)/tokenshards tokenize --dataset $(DATASET) --size $(SIZE) $(TOKENIZE_FLAGS)
+	$(BIN)/tokenshards tokenize $(HUB_FLAGS) $(TOKENIZE_FLAGS) \
+		$(if $(DOWNLOAD_DIR),--download-dir $(DOWNLOAD_DIR)) $(if $(FETCH),--fetch $(FETCH))
 endif
+
+# Fetch only: make download SIZE=10B [DOWNLOAD_DIR=/data/fineweb]
+download: $(STAMP)
+	@test -n "$(SIZE)" || { echo "make download needs SIZE=10B|100B|350B"; exit 2; }
+	$(BIN)/tokenshards download $(HUB_FLAGS) $(if $(DOWNLOAD_DIR),--to $(DOWNLOAD_DIR))
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
