@@ -56,12 +56,14 @@ class HubServer:
     """Serves the files under ``root`` as dataset repo ``repo`` at commit ``commit`` (branch ``main``)."""
 
     def __init__(self, root: Path, *, repo: str = "HuggingFaceFW/fineweb", commit: str | None = None,
-                 page_size: int | None = None, branches: tuple[str, ...] = ("main",)):
+                 page_size: int | None = None, branches: tuple[str, ...] = ("main",), list_subfolders: bool = True):
         self.root = Path(root)
         self.repo = repo
         self.commit = commit or hashlib.sha1(f"{repo}@{time.time_ns()}".encode()).hexdigest()
         self.page_size = page_size
         self.branches = branches
+        self.list_subfolders = list_subfolders
+        """False: a tree request for a path is 404, as from a minimal server that lists only the root."""
         self.requests: list[Logged] = []
         self._faults: list[Fault] = []
         self._lock = threading.Lock()
@@ -224,7 +226,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head=head)
                 return
             entries = hub.tree(folder, recursive=query.get("recursive", ["false"])[0].lower() == "true")
-            if entries is None:
+            if entries is None or (folder and not hub.list_subfolders):
                 self._error(404, "EntryNotFound", f"{folder} does not exist on {rev}", head=head)
                 return
             self._paged(entries, query)

@@ -125,6 +125,14 @@ def test_listing_pins_a_commit_and_follows_pages(server, tmp_path):
     assert any("cursor=" in r.path for r in server.requests)  # the tree listing was paginated
 
 
+def test_a_server_that_lists_only_the_root_still_works(repo_root, tmp_path):
+    with HubServer(repo_root, repo=REPO, list_subfolders=False) as server:
+        listing = hub.list_files(_dataset(server, tmp_path))
+        assert [f.path for f in listing.files] == [f"sample/10BT/00{n}_00000.parquet" for n in range(3)]
+        with pytest.raises(UserError, match=r"has no size 1B \(folder sample/1BT\); sizes that exist: 10B, 100B$"):
+            hub.list_files(_dataset(server, tmp_path, size="1B"))
+
+
 def test_missing_size_revision_and_repo_say_which(server, tmp_path):
     with pytest.raises(UserError, match=r"^dataset 'HuggingFaceFW/fineweb' at revision 'main' has no size 1000B "
                                         r"\(folder sample/1000BT\); sizes that exist: 10B, 100B$"):

@@ -182,26 +182,52 @@ def list_files(ds: HubDataset) -> HubListing:
     api = HfApi(endpoint=ds.endpoint)
     where = f"dataset {ds.repo!r} on {ds.hub_endpoint}"
     try:
-        info = _retrying(lambda: api.dataset_info(ds.repo, revision=ds.revision), ds=ds, what=f"repo info of {where}")
+        info = _retrying(lambda: api.dataset_info(ds.repo, revision=ds.revision), ds=ds)
         commit = info.sha
-        entries = _retrying(lambda: list(api.list_repo_tree(ds.repo, ds.folder, recursive=True, repo_type="dataset",
-                                                            revision=commit)), ds=ds, what=f"file list of {where}")
+        files = _list_folder(api, ds, commit)
     except GatedRepoError as e:
         raise UserError(f"{where} is gated: accept its terms on the Hub and set HF_TOKEN (or `hf auth login`)") from e
     except RepositoryNotFoundError as e:
         raise UserError(f"{where} not found (or private: set HF_TOKEN); check --dataset") from e
     except RevisionNotFoundError as e:
         raise UserError(f"{where} has no revision {ds.revision!r}; check --revision (a branch, tag or commit)") from e
-    except EntryNotFoundError as e:
-        raise UserError(_missing_size(api, ds)) from e
     except (HfHubHTTPError, httpx2.HTTPError, OSError) as e:
         raise UserError(f"cannot list {where} ({_first_line(e)}); check your connection and "
                         "HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use the files already downloaded") from e
-    files = tuple(sorted((_hub_file(f) for f in entries if isinstance(f, RepoFile) and f.path.endswith(".parquet")),
-                         key=lambda f: f.path))
-    if not files:
-        raise UserError(f"{where} holds no parquet file under {ds.folder} at revision {ds.revision!r}")
     return HubListing(repo=ds.repo, revision=ds.revision, commit=commit, folder=ds.folder, files=files)
+
+
+def _list_folder(api: HfApi, ds: HubDataset, commit: str) -> tuple[HubFile, ...]:
+    """The size folder's parquet files; a missing folder is a one-line error listing the sizes that exist.
+
+    One request per 1,000 files for the folder itself; only when that finds nothing, the names
+    under ``sample/``, and as a last resort (a server that lists no sub-folder) the whole tree."""
+    def tree(path: str | None, recursive: bool) -> list:
+        try:
+            return _retrying(lambda: list(api.list_repo_tree(ds.repo, path, recursive=recursive, repo_type="dataset",
+                                                             revision=commit)), ds=ds)
+        except EntryNotFoundError:
+            return []
+
+    files = _parquet_under(tree(ds.folder, True), ds.folder)
+    if files:
+        return files
+    samples = sorted({e.path for e in tree(SAMPLE_DIR, False) if isinstance(e, RepoFolder)})
+    if samples and ds.folder not in samples:
+        raise UserError(_missing_size(ds, samples))
+    everything = tree(None, True)
+    files = _parquet_under(everything, ds.folder)
+    if files:
+        return files
+    samples = sorted({"/".join(e.path.split("/")[:2]) for e in everything
+                      if e.path.startswith(SAMPLE_DIR + "/") and e.path.count("/") >= 2})
+    raise UserError(_missing_size(ds, samples))
+
+
+def _parquet_under(entries: list, folder: str) -> tuple[HubFile, ...]:
+    found = (_hub_file(e) for e in entries
+             if isinstance(e, RepoFile) and e.path.startswith(folder + "/") and e.path.endswith(".parquet"))
+    return tuple(sorted(found, key=lambda f: f.path))
 
 
 def _hub_file(entry) -> HubFile:
@@ -210,13 +236,8 @@ def _hub_file(entry) -> HubFile:
                    etag=lfs.sha256 if lfs else entry.blob_id)
 
 
-def _missing_size(api: HfApi, ds: HubDataset) -> str:
+def _missing_size(ds: HubDataset, folders: list[str]) -> str:
     """One line naming the missing folder and the sizes that exist."""
-    try:
-        folders = [f.path for f in api.list_repo_tree(ds.repo, SAMPLE_DIR, repo_type="dataset", revision=ds.revision)
-                   if isinstance(f, RepoFolder)]
-    except (HfHubHTTPError, EntryNotFoundError):
-        folders = []
     sizes = ", ".join(folder_size(f) for f in sorted(folders, key=lambda f: (len(f), f))) or f"none (no {SAMPLE_DIR}/ folder)"
     return (f"dataset {ds.repo!r} at revision {ds.revision!r} has no size {ds.size} (folder {ds.folder}); "
             f"sizes that exist: {sizes}")
@@ -312,8 +333,8 @@ def _fetch_all(ds: HubDataset, listing: HubListing, files, *, announce: Callable
 
 
 def fetch_file(ds: HubDataset, repo: str, commit: str, f: HubFile) -> str:
-    """``f`` downloaded whole at ``commit``; its local path. A file whose size or etag differs from
-    the listing is fetched again; transient errors (429, 5xx, dropped connections) are retried."""
+    """``f`` downloaded whole at ``commit``; its local path. A local copy whose size differs from the
+    listing is fetched again; transient errors (429, 5xx, dropped connections) are retried."""
     force = False
     attempt = 0
     where = f"{f.path} of {repo}@{commit[:12]} from {ds.hub_endpoint}"
@@ -330,7 +351,7 @@ def fetch_file(ds: HubDataset, repo: str, commit: str, f: HubFile) -> str:
                 continue
             raise UserError(f"cannot download {where} after {attempt + 1} attempts ({_first_line(e)}); "
                             "rerun to resume (files already downloaded are kept)") from e
-        problem = _disagreement(path, f, cache=ds.download_dir is None)
+        problem = _disagreement(path, f)
         if problem is None:
             return path
         if force:
@@ -338,12 +359,13 @@ def fetch_file(ds: HubDataset, repo: str, commit: str, f: HubFile) -> str:
         force = True
 
 
-def _disagreement(path: str, f: HubFile, *, cache: bool) -> str | None:
+def _disagreement(path: str, f: HubFile) -> str | None:
+    """The size check huggingface_hub skips for a file it already has. Etags need no check here:
+    at a pinned commit a file's etag cannot change, and huggingface_hub keys cache blobs (and
+    ``local_dir`` metadata) by the etag the Hub sent, so a new etag is always a new download."""
     size = os.path.getsize(path)
     if size != f.size:
         return f"local copy holds {size} bytes, the Hub lists {f.size}"
-    if cache and f.etag and os.path.basename(os.path.realpath(path)) != f.etag:
-        return f"local copy is blob {os.path.basename(os.path.realpath(path))}, the Hub lists etag {f.etag}"
     return None
 
 
@@ -369,7 +391,7 @@ def _sleep(ds: HubDataset, attempt: int) -> int:
     return attempt + 1
 
 
-def _retrying(call, *, ds: HubDataset, what: str):
+def _retrying(call, *, ds: HubDataset):
     """``call()``, retried on 429/5xx/network errors: repo info is a plain GET in huggingface_hub."""
     attempt = 0
     while True:
