@@ -27,6 +27,8 @@ class TokenizeConfig:
     """None: use the source's ``id`` column when present, else ``"<file>:<row>"``."""
     partition_bytes: int = DEFAULT_PARTITION_BYTES
     on_bad_file: str = "fail"
+    backend: str = "auto"
+    """Tokenizer implementation: never changes the ids (a fast one is verified against tiktoken)."""
     overwrite: bool = False
     storage_options: dict = field(default_factory=dict)
     hub: HubDataset | None = None

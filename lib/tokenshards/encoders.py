@@ -6,6 +6,7 @@ Workers never download or read a tiktoken cache: the plugin carries the encoding
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import os
@@ -72,7 +73,7 @@ class LoadedEncoding:
         assert enc.max_token_value < np.iinfo(dtype).max + 1, (enc.max_token_value, dtype)
         return EncodingSpec(name=enc.name, n_vocab=enc.n_vocab, eot=enc.eot_token, dtype=dtype)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> str:
         """sha256 over pattern, ranks and special tokens: two runs agree on it iff ids agree."""
         h = hashlib.sha256()
@@ -160,31 +161,47 @@ def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: No
 
 
 class EncoderPlugin(WorkerPlugin):
-    """Builds the encoding once per worker process; tasks fetch it with ``worker_encoding``.
+    """Builds the encoding (and its backend) once per worker process; tasks fetch them with
+    ``worker_encoding`` / ``worker_backend``.
 
-    The name is fixed by the encoding's fingerprint, so registering it again (a rerun, a second
-    client) replaces nothing and a different encoding never collides with it.
+    The name is fixed by the encoding's fingerprint and the backend, so registering it again
+    (a rerun, a second client) replaces nothing and a different encoding never collides with it.
     """
 
-    def __init__(self, loaded: LoadedEncoding):
-        self.name = plugin_name(loaded)
+    def __init__(self, loaded: LoadedEncoding, *, backend: str = "tiktoken"):
+        self.name = plugin_name(loaded, backend=backend)
         self.params = loaded.params
+        self.backend_name = backend
         self.encoding: tiktoken.Encoding | None = None
+        self.backend = None
 
     def setup(self, worker):
+        from .backends import build_backend
+
         self.encoding = tiktoken.Encoding(**self.params)
+        self.backend = build_backend(self.backend_name, self.encoding, self.params)
 
     def __getstate__(self):
-        return {"name": self.name, "params": self.params, "encoding": None}
+        return {"name": self.name, "params": self.params, "backend_name": self.backend_name, "encoding": None,
+                "backend": None}
 
 
-def plugin_name(loaded: LoadedEncoding) -> str:
-    return f"tokenshards-encoder-{loaded.params['name']}-{loaded.fingerprint[:16]}"
+def plugin_name(loaded: LoadedEncoding, *, backend: str = "tiktoken") -> str:
+    return f"tokenshards-encoder-{loaded.params['name']}-{loaded.fingerprint[:16]}-{backend}"
 
 
-def worker_encoding(name: str) -> tiktoken.Encoding:
-    """The encoding that ``EncoderPlugin`` built in this worker process."""
+def _worker_plugin(name: str) -> EncoderPlugin:
     plugin = get_worker().plugins.get(name)
     if plugin is None or plugin.encoding is None:
         raise RuntimeError(f"worker plugin {name!r} is not set up on this worker; register EncoderPlugin before computing")
-    return plugin.encoding
+    return plugin
+
+
+def worker_encoding(name: str) -> tiktoken.Encoding:
+    """The tiktoken encoding that ``EncoderPlugin`` built in this worker process."""
+    return _worker_plugin(name).encoding
+
+
+def worker_backend(name: str):
+    """The tokenizer backend that ``EncoderPlugin`` built in this worker process."""
+    return _worker_plugin(name).backend

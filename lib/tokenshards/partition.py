@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import manifest
-from .encoders import worker_encoding
+from .encoders import worker_backend
 from .errors import InputError
 from .plan import STRING_TYPES, Piece
 from .store import filesystem, join, write_atomic
@@ -102,7 +102,7 @@ def tokenize_and_write(frame: pd.DataFrame, *, job: PartitionJob) -> pd.DataFram
         return pd.DataFrame({"entry": [None], "unreadable": [frame.attrs[SKIP_ATTR]], "started": [started],
                              "finished": [time.time()]})
     texts = pa.array(frame["text"]).to_pylist()
-    batch = tokenize_texts(texts, worker_encoding(job.encoder_plugin), eot_position=job.eot_position, dtype=job.dtype)
+    batch = tokenize_texts(texts, worker_backend(job.encoder_plugin), eot_position=job.eot_position, dtype=job.dtype)
     rows = frame["row"].to_numpy()[batch.kept]
     ids = pa.array(frame["id"]).take(pa.array(batch.kept)).to_pylist()
     ids = [i if i is not None else f"{piece.name}:{r}" for i, r in zip(ids, rows.tolist())]

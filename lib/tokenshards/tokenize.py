@@ -2,15 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import numpy as np
 
-
-class Encoder(Protocol):
-    eot_token: int
-
-    def encode_to_numpy(self, text: str, *, disallowed_special=...) -> np.ndarray: ...
+from .backends import Backend
 
 
 @dataclass(frozen=True)
@@ -26,55 +22,30 @@ class TokenizedBatch:
 
     @property
     def starts(self) -> np.ndarray:
-        starts = np.zeros(len(self.lengths), dtype=np.int64)
-        np.cumsum(self.lengths[:-1], out=starts[1:])
-        return starts
+        return np.cumsum(self.lengths) - self.lengths
 
 
-def tokenize_texts(texts: Sequence[str | None], encoder: Encoder, *, eot_position: str, dtype: str) -> TokenizedBatch:
-    """Tokenize every non-null, non-empty text with ``encode_ordinary`` semantics.
-
-    ``encode_to_numpy(text, disallowed_special=())`` with no allowed specials is
-    ``encode_ordinary`` (special-token strings stay ordinary text) but hands back a buffer
-    instead of a list of Python ints, which is most of the non-BPE cost per token.
-    """
-    eot = np.array([encoder.eot_token], dtype=np.uint32)
-    pieces: list[np.ndarray] = []
-    lengths: list[int] = []
-    kept: list[int] = []
-    skipped_null = skipped_empty = 0
-    with_eot = eot_position != "none"
-    eot_first = eot_position == "prefix"
-    encode = encoder.encode_to_numpy
-    for i, text in enumerate(texts):
-        if text is None:
-            skipped_null += 1
-            continue
-        if not text:
-            skipped_empty += 1
-            continue
-        body = encode(text, disallowed_special=())
-        if with_eot:
-            if eot_first:
-                pieces.append(eot)
-                pieces.append(body)
-            else:
-                pieces.append(body)
-                pieces.append(eot)
-            lengths.append(len(body) + 1)
-        else:
-            pieces.append(body)
-            lengths.append(len(body))
-        kept.append(i)
-    wide = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint32)
-    if wide.size and int(wide.max()) > np.iinfo(dtype).max:
+def tokenize_texts(texts: Sequence[str | None], backend: Backend, *, eot_position: str, dtype: str) -> TokenizedBatch:
+    """Tokenize every non-null, non-empty text with ``encode_ordinary`` semantics and place
+    one eot per document (before it, after it, or not at all)."""
+    kept = [i for i, text in enumerate(texts) if text]
+    skipped_null = sum(1 for text in texts if text is None)
+    skipped_empty = len(texts) - len(kept) - skipped_null
+    body, body_lengths = backend.encode_many([texts[i] for i in kept])
+    widest = max(int(body.max()) if body.size else 0, backend.eot_token if eot_position != "none" else 0)
+    if widest > np.iinfo(dtype).max:
         # The dtype was chosen from n_vocab; never truncate an id silently.
-        raise ValueError(f"token id {int(wide.max())} does not fit {dtype}; the encoding's n_vocab is wrong")
-    tokens = wide.astype(dtype, copy=False)
-    return TokenizedBatch(
-        tokens=tokens,
-        lengths=np.asarray(lengths, dtype=np.int64),
-        kept=np.asarray(kept, dtype=np.int64),
-        skipped_null=skipped_null,
-        skipped_empty=skipped_empty,
-    )
+        raise ValueError(f"token id {widest} does not fit {dtype}; the encoding's n_vocab is wrong")
+    if eot_position == "none":
+        tokens, lengths = body.astype(dtype), body_lengths
+    else:
+        lengths = body_lengths + 1
+        ends = np.cumsum(lengths)
+        eot_at = ends - lengths if eot_position == "prefix" else ends - 1
+        tokens = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
+        is_body = np.ones(len(tokens), dtype=bool)
+        is_body[eot_at] = False
+        tokens[eot_at] = backend.eot_token
+        tokens[is_body] = body
+    return TokenizedBatch(tokens=tokens, lengths=lengths, kept=np.asarray(kept, dtype=np.int64),
+                          skipped_null=skipped_null, skipped_empty=skipped_empty)
