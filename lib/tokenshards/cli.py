@@ -141,6 +141,10 @@ def _add_train_bpe(sub) -> None:
     p = sub.add_parser("train-bpe", help="train a byte-level BPE vocabulary on parquet text (.tiktoken + .json)")
     p.add_argument("--input", action="append", default=[], metavar="PATH_OR_GLOB",
                    help="parquet file, folder, glob or URL (s3://); repeatable")
+    _add_hub_arguments(p)
+    p.add_argument("--download-dir", metavar="DIR", help="with --dataset: download into DIR/sample/...")
+    p.add_argument("--fetch", default="client", choices=["client", "workers"],
+                   help="with --dataset: this process downloads every file, or each worker its own (as in tokenize)")
     p.add_argument("--out", required=True, metavar="FILE.tiktoken",
                    help="ranks file to write; its sidecar FILE.tiktoken.json is written beside it")
     p.add_argument("--vocab-size", type=int, default=32768,
@@ -173,6 +177,7 @@ def _run_train_bpe(args) -> int:
         partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else DEFAULT_PARTITION_BYTES,
         storage_options=_storage_options(args.storage_option), workers=args.workers, scheduler=args.scheduler,
         dashboard_address=args.dashboard_address, progress=args.progress,
+        hub=_hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch),
     )
     summary = run_train_bpe(config, announce=_say)
     for line in summary.lines():

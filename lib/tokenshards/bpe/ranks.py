@@ -174,7 +174,9 @@ def load_trained(path: str, *, storage_options: dict | None = None):
     if found:
         raise UserError(f"{path}: not a consistent BPE vocabulary ({'; '.join(found[:3])}); retrain with `tokenshards train-bpe`")
     specials = sorted(meta["special_tokens"], key=meta["special_tokens"].get)
-    params = encoding_params(name=meta.get("name") or encoding_name(path), pat_str=meta["pat_str"], ranks=ranks, specials=specials)
+    # Named by the path as given, so the manifest's encoding name is what reloads it
+    # (``verify --deep`` calls load_encoding(name)).
+    params = encoding_params(name=path, pat_str=meta["pat_str"], ranks=ranks, specials=specials)
     if params["special_tokens"] != meta["special_tokens"] or params["explicit_n_vocab"] != meta.get("n_vocab"):
         raise UserError(f"{meta_url}: special tokens or n_vocab do not follow the {len(ranks)} ranks in {path}; retrain with `tokenshards train-bpe`")
     try:

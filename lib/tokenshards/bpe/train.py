@@ -14,9 +14,11 @@ from typing import Callable, TextIO
 
 import tiktoken
 
+from .. import hub
 from ..cluster import connect
 from ..config import DEFAULT_PARTITION_BYTES
 from ..errors import UserError
+from ..hub import HubDataset
 from ..plan import Piece, plan_pieces, read_input_metadata
 from ..progress import format_eta, human
 from ..sources import resolve_inputs
@@ -49,6 +51,8 @@ class TrainBpeConfig:
     heldout_bytes: int = 2_000_000
     """At most this much held-back text reaches the client to measure compression."""
     storage_options: dict = field(default_factory=dict)
+    hub: HubDataset | None = None
+    """``--dataset/--size``: a Hub sample, downloaded like ``tokenize`` does (added to ``inputs``)."""
     # -- how it runs: never changes the ranks --
     workers: int | None = None
     scheduler: str | None = None
@@ -56,8 +60,8 @@ class TrainBpeConfig:
     progress: str = "auto"
 
     def __post_init__(self):
-        if not self.inputs:
-            raise UserError("no input given: pass --input PATH_OR_GLOB")
+        if not self.inputs and self.hub is None:
+            raise UserError("no input given: pass --input PATH_OR_GLOB or --dataset REPO --size SIZE")
         if not self.out.endswith(ranks_io.SUFFIX):
             raise UserError(f"--out {self.out!r} must end in {ranks_io.SUFFIX}: that is how "
                             "`tokenshards tokenize --encoding FILE.tiktoken` tells a trained file from a built-in name")
@@ -167,11 +171,16 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks={bytes([b]): b for b in range(256)}, special_tokens={})
     except ValueError as e:
         raise UserError(f"--pattern: tiktoken cannot compile {pat_str!r} ({e}); use gpt2, cl100k or a regex it accepts") from e
-    sources = resolve_inputs(config.inputs, config.storage_options)
+    sources = resolve_inputs(config.inputs, config.storage_options) if config.inputs else []
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
+    listing = hub.list_files(config.hub) if config.hub else None
+    if listing is not None and config.hub.fetch == "client":
+        sources += hub.download(config.hub, listing, announce=announce)
 
     with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
                  announce=announce) as client:
+        if listing is not None and config.hub.fetch == "workers":
+            sources += hub.prepare_workers(client, config.hub, listing, announce=announce)
         futures = client.map(read_input_metadata, [s.url for s in sources], [s.name for s in sources],
                              text_column=config.text_column, id_column=None, storage_options=config.storage_options, pure=False)
         try:
