@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 import random
 import struct
 from pathlib import Path
@@ -277,3 +278,66 @@ def test_from_s3_to_s3_matches_local(cluster, corpus, s3, tmp_path):  # noqa: F8
                  "fineweb_val_text_document.idx"):
         assert fs.cat_file(f"{bucket}/megatron/{name}") == (local / name).read_bytes(), name
     assert fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_targets_assemble_parts_written_out_of_order(where, s3, tmp_path):  # noqa: F811
+    """Three ranges of one file (two of S3's 5 MiB minimum, one short), written last-first."""
+    from tokenshards.export.layout import Chunk
+    from tokenshards.export.write import S3_MIN_PART, Source, abort_target, commit_target, open_target, write_chunk
+    from tokenshards.store import filesystem
+
+    options = s3.storage_options if where == "s3" else {}
+    url = f"s3://{s3.make_bucket()}/dest/f.bin" if where == "s3" else str(tmp_path / "f.bin")
+    fs, path = filesystem(url, options)
+    rng = np.random.default_rng(0)
+    pieces = [rng.bytes(S3_MIN_PART), rng.bytes(S3_MIN_PART), rng.bytes(1234)]
+    target = open_target(fs, path, sum(map(len, pieces)))
+    etags, offset, chunks = {}, 0, []
+    for number, data in enumerate(pieces, start=1):
+        chunks.append(Chunk(file="f.bin", number=number, offset=offset, nbytes=len(data),
+                            segments=((0, len(data), (("literal", data),)),)))
+        offset += len(data)
+    source = Source(out="unused", storage_options={}, dtype="uint16")
+    for c in reversed(chunks):
+        _, number, etag = write_chunk(c, target, source=source, parts={}, threshold=None, dest_storage_options=options)
+        etags[number] = etag
+    assert not fs.exists(path)  # nothing visible before the commit
+    commit_target(fs, target, etags)
+    assert fs.cat_file(path) == b"".join(pieces)
+    abort_target(fs, open_target(fs, path + ".2", 10))  # an aborted file leaves nothing
+    assert not fs.exists(path + ".2") and [p for p in fs.ls(posixpath.dirname(path)) if p.endswith(".tmp")] == []
+
+
+def test_val_threshold_from_any_merge_tree_equals_a_global_sort():
+    """Pure: partition candidates merged in any grouping pick what sorting every document picks."""
+    from tokenshards.export import valsplit
+
+    rng = np.random.default_rng(1)
+    parts = []
+    for k in range(40):
+        n = int(rng.integers(0, 30))
+        ids = [f"p{k}-{i}" if i % 7 else "duplicate-id" for i in range(n)]  # equal ids: ties by (input, row)
+        parts.append((ids, k % 3, np.arange(n, dtype=np.int64) + 100 * k, rng.integers(1, 50, n)))
+    for val_tokens in (1, 37, 500, 5000):
+        cands = [valsplit.candidates(hashes=valsplit.id_hashes(ids), input_ordinal=inp, rows=rows, lengths=lengths, part=k,
+                                     val_tokens=val_tokens) for k, (ids, inp, rows, lengths) in enumerate(parts)]
+        flat_merge = valsplit.merge(*cands, val_tokens=val_tokens)
+        tree = cands
+        while len(tree) > 1:
+            tree = [valsplit.merge(*tree[i:i + 3], val_tokens=val_tokens) for i in range(0, len(tree), 3)]
+        assert (tree[0] == flat_merge).all()
+        everything = sorted(
+            (int.from_bytes(hashlib.blake2b(i.encode(), digest_size=8).digest(), "big"), inp, int(r), int(n), k)
+            for k, (ids, inp, rows, lengths) in enumerate(parts) for i, r, n in zip(ids, rows, lengths))
+        total, chosen = 0, []
+        for doc in everything:
+            if total >= val_tokens:
+                break
+            chosen.append(doc)
+            total += doc[3]
+        assert [tuple(int(x) for x in c) for c in flat_merge] == chosen
+        threshold, docs, tokens = valsplit.choose(flat_merge, n_parts=len(parts))
+        for k, (ids, inp, rows, lengths) in enumerate(parts):
+            mask = valsplit.is_val(hashes=valsplit.id_hashes(ids), input_ordinal=inp, rows=rows, threshold=threshold)
+            assert mask.sum() == docs[k] and lengths[mask].sum() == tokens[k]

@@ -214,6 +214,7 @@ def _write_files(client: Client, files, streams: Streams, parts: list[PartInfo],
     total_bytes = sum(f.nbytes for f in files)
     announce(f"writing {len(files)} files, {human(total_bytes)}B in {len(chunks)} chunks to {config.to}")
     futures = []
+    done = 0
     try:
         for f in files:
             targets[f.name] = open_target(dest_fs, join(dest_root, f.name), f.nbytes)
@@ -229,6 +230,9 @@ def _write_files(client: Client, files, streams: Streams, parts: list[PartInfo],
             except Exception as e:
                 raise UserError(f"writing {config.to} failed: {type(e).__name__}: {e}") from e
             etags[name][number] = etag
+            done += 1
+            if done * 10 // len(futures) > (done - 1) * 10 // len(futures):
+                announce(f"chunks {done}/{len(futures)}")
             remaining[name] -= 1
             if remaining[name] == 0:
                 commit_target(dest_fs, targets.pop(name), etags[name])

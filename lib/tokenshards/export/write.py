@@ -10,6 +10,7 @@ client commits it after every range is in:
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from dataclasses import dataclass
 
@@ -189,7 +190,11 @@ def write_chunk(chunk: Chunk, target: Target, *, source: Source, parts: dict[int
     """Worker task: render one chunk and put it in place; returns (file, part number, ETag)."""
     data = render_chunk(chunk, source=source, parts=parts, threshold=threshold)
     if target.kind == "local":
-        fd = os.open(target.tmp, os.O_WRONLY)
+        try:
+            fd = os.open(target.tmp, os.O_WRONLY)
+        except FileNotFoundError as e:
+            raise UserError(f"{target.tmp}: not found on worker host {socket.gethostname()}; with workers on other "
+                            "machines, --to must be a folder they all share, or s3://") from e
         try:
             view = memoryview(data)
             written = 0
