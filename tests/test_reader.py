@@ -1,6 +1,7 @@
 """TokenDataset against what plain json/numpy/pyarrow read (``readback``), locally and on S3."""
 from __future__ import annotations
 
+import pickle
 import random
 import subprocess
 import sys
@@ -69,6 +70,8 @@ def test_local_dataset_matches_plain_reads(out):
     ds = TokenDataset(str(out))
     check_dataset(ds, docs)
     assert "199 documents" in repr(ds)
+    copy = pickle.loads(pickle.dumps(ds))  # e.g. into DataLoader worker processes: maps reopen there
+    assert len(pickle.dumps(ds)) < 100_000 and copy.doc(5).tolist() == docs[5][2]
 
 
 def test_s3_dataset_uses_range_reads(out, s3):  # noqa: F811

@@ -63,6 +63,10 @@ class PartitionFiles:
         self._maps: dict[int, np.ndarray] = {}
         self._offsets: dict[int, int] = {}
 
+    def __getstate__(self):
+        # Memory maps would pickle as full copies (e.g. into DataLoader worker processes): reopen instead.
+        return {**self.__dict__, "_maps": {}}
+
     def _path(self, k: int, key: str) -> str:
         return join(self.root, self.partitions[k][key])
 
