@@ -25,7 +25,7 @@ import re
 import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -311,28 +311,51 @@ def _remember_revision(ds: HubDataset, listing: HubListing) -> None:
         pass  # only offline reruns need it; huggingface_hub ignores this failure too
 
 
-def _fetch_all(ds: HubDataset, listing: HubListing, files, *, announce: Callable[[str], None]) -> None:
-    """Every file through ``fetch_file`` (present ones cost no request: the commit is pinned)."""
+def _fetch_all(ds: HubDataset, listing: HubListing, files, *, announce: Callable[[str], None],
+               every: float = 15.0) -> None:
+    """Every file through ``fetch_file``, ``max_workers`` at a time, with a progress line per file
+    and one every ``every`` seconds (a FineWeb file is ~2 GB: minutes without a word otherwise)."""
     total = sum(f.size for f in files)
-    done = [0, 0]
-    lock = threading.Lock()
+    counter = _ByteCounter()
+    ready = ready_bytes = 0
+    t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=ds.max_workers, thread_name_prefix="tokenshards-hub") as pool:
-        futures = {pool.submit(fetch_file, ds, listing.repo, listing.commit, f): f for f in files}
+        futures = {pool.submit(fetch_file, ds, listing.repo, listing.commit, f, tqdm_class=counter.bar): f
+                   for f in files}
+        pending = set(futures)
         try:
-            for future in as_completed(futures):
-                future.result()
-                f = futures[future]
-                with lock:
-                    done[0] += 1
-                    done[1] += f.size
-                    announce(f"fetched {done[0]}/{len(files)} ({human(done[1])}B of {human(total)}B): {f.path}")
+            while pending:
+                finished, pending = wait(pending, timeout=every, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    future.result()
+                    ready, ready_bytes = ready + 1, ready_bytes + futures[future].size
+                    announce(f"ready {ready}/{len(files)} ({human(ready_bytes)}B of {human(total)}B): {futures[future].path}")
+                if not finished:
+                    rate = counter.n / max(time.monotonic() - t0, 1e-9)
+                    announce(f"downloading: {human(counter.n)}B received, {human(rate)}B/s, {ready}/{len(files)} files ready")
         except BaseException:
             for future in futures:
                 future.cancel()
             raise
 
 
-def fetch_file(ds: HubDataset, repo: str, commit: str, f: HubFile) -> str:
+class _ByteCounter:
+    """Bytes that huggingface_hub reports to its progress-bar class, summed over threads."""
+
+    def __init__(self):
+        self.n = 0
+        lock = threading.Lock()
+        counter = self
+
+        class _Bar(_NoBar):
+            def update(self, n=1):
+                with lock:
+                    counter.n += n or 0
+
+        self.bar = _Bar
+
+
+def fetch_file(ds: HubDataset, repo: str, commit: str, f: HubFile, *, tqdm_class: type | None = None) -> str:
     """``f`` downloaded whole at ``commit``; its local path. A local copy whose size differs from the
     listing is fetched again; transient errors (429, 5xx, dropped connections) are retried."""
     force = False
@@ -342,7 +365,7 @@ def fetch_file(ds: HubDataset, repo: str, commit: str, f: HubFile) -> str:
         try:
             path = hf_hub_download(repo, f.path, repo_type="dataset", revision=commit, endpoint=ds.endpoint,
                                    cache_dir=ds.cache_dir, local_dir=ds.download_dir, force_download=force,
-                                   tqdm_class=_NoBar)
+                                   tqdm_class=tqdm_class or _NoBar)
         except (RepositoryNotFoundError, RevisionNotFoundError, RemoteEntryNotFoundError) as e:
             raise UserError(f"cannot download {where}: {_first_line(e)}; the repo changed since it was listed? rerun") from e
         except Exception as e:
@@ -411,7 +434,7 @@ def _first_line(e: BaseException) -> str:
 
 
 class _NoBar:
-    """huggingface_hub's per-file bars would interleave from 8 threads; we print one line per file."""
+    """huggingface_hub's per-file bars would interleave from 8 threads; we print our own lines."""
 
     def __init__(self, *args, **kwargs):
         pass
