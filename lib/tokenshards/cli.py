@@ -218,6 +218,31 @@ def _run_export(args) -> int:
     return 0
 
 
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="check every partition of a finished run; exit 1 on any problem")
+    p.add_argument("out", metavar="OUT", help="output folder or s3://bucket/prefix of a finished run")
+    p.add_argument("--deep", type=int, default=0, metavar="N",
+                   help="also re-tokenize N random documents from the inputs and compare with tiktoken")
+    p.add_argument("--seed", type=int, default=0, help="which documents --deep picks (default 0)")
+    p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
+    p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
+    p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
+    p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
+                   help="passed to fsspec/s3fs, for OUT and (with --deep) the inputs; repeatable")
+    p.set_defaults(run=_run_verify)
+
+
+def _run_verify(args) -> int:
+    from .verify import VerifyConfig, run_verify
+
+    config = VerifyConfig(out=args.out, deep=args.deep, seed=args.seed, storage_options=_storage_options(args.storage_option),
+                          workers=args.workers, scheduler=args.scheduler, dashboard_address=args.dashboard_address)
+    report = run_verify(config, announce=_say)
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 1
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -230,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_download(sub)
     _add_demo(sub)
     _add_export(sub)
+    _add_verify(sub)
     _add_train_bpe(sub)
     return parser
 
