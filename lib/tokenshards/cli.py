@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -16,14 +17,17 @@ def _storage_option(text: str) -> tuple[str, str]:
 
 
 def _storage_options(pairs) -> dict:
-    """key=value pairs for fsspec/s3fs; ``endpoint_url`` goes where s3fs expects it."""
+    """key=value pairs for fsspec/s3fs; ``endpoint_url`` goes where s3fs expects it.
+    ``AWS_ENDPOINT_URL`` is read here so that remote workers get the same endpoint."""
+    from .store import with_env_endpoint
+
     options: dict = {}
     for key, value in pairs or []:
         if key in ("endpoint_url", "region_name"):
             options.setdefault("client_kwargs", {})[key] = value
         else:
             options[key] = {"true": True, "false": False}.get(value.lower(), value)
-    return options
+    return with_env_endpoint(options, os.environ)
 
 
 def _add_tokenize(sub) -> None:
@@ -34,6 +38,9 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
     p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
     p.add_argument("--encoding", default="gpt2", help="tiktoken encoding name (default: gpt2)")
+    p.add_argument("--backend", default="auto", choices=["auto", "tiktoken", "riptoken"],
+                   help="tokenizer implementation; ids always equal tiktoken's (default auto: riptoken if "
+                        "installed and verified, else tiktoken)")
     p.add_argument("--eot", default="prefix", choices=["prefix", "suffix", "none"],
                    help="where each document's <|endoftext|> goes (default: prefix)")
     p.add_argument("--text-column", default="text")
@@ -46,6 +53,9 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a different earlier run in --out")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
+    p.add_argument("--cluster", metavar="CONFIG.yaml",
+                   help="cluster config: cluster_configs/{local,scheduler,slurm,kubernetes,ssh}.yaml or your own")
+    p.add_argument("--report", metavar="FILE.html", help="save Dask's performance report of the run to FILE.html")
     _add_hub_arguments(p)
     p.add_argument("--download-dir", metavar="DIR",
                    help="with --dataset: download into DIR/sample/... (e.g. a shared filesystem) instead of the HF cache")
@@ -101,8 +111,9 @@ def _run_tokenize(args) -> int:
         inputs=tuple(args.input), out=args.out, encoding=args.encoding, eot_position=args.eot,
         text_column=args.text_column, id_column=args.id_column,
         partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else DEFAULT_PARTITION_BYTES,
-        on_bad_file=args.on_bad_file, overwrite=args.overwrite, storage_options=_storage_options(args.storage_option),
-        workers=args.workers, scheduler=args.scheduler, dashboard_address=args.dashboard_address, progress=args.progress,
+        on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite,
+        storage_options=_storage_options(args.storage_option), workers=args.workers, scheduler=args.scheduler, dashboard_address=args.dashboard_address, progress=args.progress,
+        cluster_config=args.cluster, report=args.report,
         hub=_hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch),
     )
     summary = run_tokenize(config, announce=_say)
@@ -193,7 +204,7 @@ def _add_export(sub) -> None:
                         "nanogpt: train.bin/val.bin; megatron: Megatron-LM .bin/.idx")
     p.add_argument("--to", required=True, metavar="DEST", help="folder or s3://bucket/prefix for the files")
     p.add_argument("--shard-tokens", type=int, metavar="N", help="tokens per shard, llmc and npy (default 100,000,000)")
-    p.add_argument("--val-tokens", type=int, default=10_485_760, metavar="N",
+    p.add_argument("--val-tokens", type=int, metavar="N",
                    help="validation tokens, whole documents chosen by a hash of their id; 0 for none (default 10,485,760)")
     p.add_argument("--prefix", metavar="NAME", help="file name prefix, llmc/npy/megatron (default fineweb)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export of this format in DEST")
@@ -208,8 +219,9 @@ def _add_export(sub) -> None:
 def _run_export(args) -> int:
     from .export import ExportConfig, run_export
 
+    given = {"val_tokens": args.val_tokens} if args.val_tokens is not None else {}  # else ExportConfig's default
     config = ExportConfig(out=args.out, format=args.format, to=args.to, shard_tokens=args.shard_tokens,
-                          val_tokens=args.val_tokens, prefix=args.prefix, overwrite=args.overwrite,
+                          prefix=args.prefix, overwrite=args.overwrite, **given,
                           storage_options=_storage_options(args.storage_option), workers=args.workers,
                           scheduler=args.scheduler, dashboard_address=args.dashboard_address)
     summary = run_export(config, announce=_say)
