@@ -18,7 +18,7 @@ from .partition import FRAME_META, RECORD_META, PartitionJob, read_piece, tokeni
 from .plan import BadInput, InputFile, plan_pieces, read_input_or_bad
 from .progress import Progress, human
 from .sources import resolve_inputs
-from .store import ensure_writable, filesystem, join
+from .store import ensure_writable, filesystem, join, storage_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,12 +48,14 @@ class Summary:
 def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = print) -> Summary:
     """Run the whole job; returns its summary. Raises ``UserError`` for anything the user can fix."""
     t0 = time.perf_counter()
+    # Options (credentials too) travel in the task graph; their repr hides values from logs.
+    config = config.replace(storage_options=storage_options(config.storage_options))
     sources = resolve_inputs(config.inputs, config.storage_options) if config.inputs else []
     out_fs, out_root = filesystem(config.out, config.storage_options)
+    ensure_writable(out_fs, out_root, config.out)  # a missing bucket or dead endpoint fails here, in one line
     if config.overwrite and out_fs.exists(out_root):
         announce(f"--overwrite: removing the earlier run in {config.out}")
         manifest.remove_run(out_fs, out_root)
-    ensure_writable(out_fs, out_root, config.out)
     loaded = load_encoding(config.encoding, announce=announce)
     spec = loaded.spec
     listing = hub.list_files(config.hub) if config.hub else None

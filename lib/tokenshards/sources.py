@@ -6,7 +6,7 @@ import posixpath
 from dataclasses import dataclass
 
 from .errors import UserError
-from .store import display_url, filesystem
+from .store import check_bucket, display_url, filesystem, is_local, storage_error
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +30,7 @@ def resolve_inputs(specs: tuple[str, ...] | list[str], storage_options: dict | N
     found: dict[str, Source] = {}
     for spec in specs:
         fs, path = filesystem(spec, storage_options)
+        check_bucket(fs, path, spec, what="input")
         try:
             if globlib.has_magic(path):
                 base = _glob_base(path)
@@ -43,7 +44,13 @@ def resolve_inputs(specs: tuple[str, ...] | list[str], storage_options: dict | N
             else:
                 paths = []
         except (PermissionError, OSError) as e:
+            if not is_local(fs):
+                raise storage_error(e, spec, what="cannot list input", fs=fs) from e
             raise UserError(f"cannot list input {spec!r}: {type(e).__name__}: {e}") from e
+        except Exception as e:  # botocore's own errors (no credentials, endpoint gone) are no OSError
+            if is_local(fs):
+                raise
+            raise storage_error(e, spec, what="cannot list input", fs=fs) from e
         if not paths:
             raise UserError(f"input {spec!r} matches no file; check the path or glob (quote globs so the shell leaves them alone)")
         for p in paths:

@@ -1,12 +1,22 @@
 """Storage edge: one fsspec code path for local folders and s3:// (and anything fsspec opens).
 
-Writes are atomic: a reader sees a whole object or none. Locally that is a temporary name in
-the same folder, then ``os.replace`` (as tiktoken's cache does); elsewhere it is a file opened
-with ``autocommit=False`` and committed only after every byte was written, because s3fs
-otherwise commits on ``close()`` even when an exception is unwinding.
+Writes are atomic: a reader sees a whole object or none.
+- Locally: a temporary name in the same folder, then ``os.replace`` (as tiktoken's cache does).
+- On S3, small objects go in one PutObject whose body is complete before the request starts,
+  so S3 stores all of it or nothing. Large ones go through an ``autocommit=False`` file: a
+  multipart upload that only ``commit()`` completes; on any error it is aborted, and a process
+  killed mid-upload leaves an incomplete multipart upload, which no listing or reader sees.
+  (A plain ``with fs.open(...)`` would not do: s3fs commits on ``close()`` even while an
+  exception unwinds, publishing a truncated object.)
+- Elsewhere (gcs, azure, ...): the same ``autocommit=False`` file, committed only on success.
+
+Every process builds its own filesystem objects from (URL, storage options): the options travel
+in the task graph, never an ``S3FileSystem`` (its event loop and connections belong to one
+process). fsspec's instance cache is keyed by process id, so nothing built before a fork is reused.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -17,17 +27,71 @@ from fsspec.implementations.local import LocalFileSystem
 
 from .errors import UserError
 
+MIB = 2**20
+MULTIPART_THRESHOLD = 8 * MIB
+"""Objects below this go in one PUT (boto3's and the AWS CLI's default threshold)."""
+PART_BYTES = 8 * MIB
+"""Smallest multipart part (S3's floor is 5 MiB); grown for huge objects, see ``part_size``."""
+MAX_PARTS = 10_000
+"""S3's limit on parts per multipart upload."""
+SECRET_KEYS = ("key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
+               "aws_session_token", "account_key", "sas_token", "client_secret", "connection_string")
+
+
+class StorageOptions(dict):
+    """fsspec storage options whose repr hides values: a failing task's spec is logged by
+    distributed ("Compute Failed ... Task: ..."), and credentials must never be printed."""
+
+    def __repr__(self) -> str:
+        return f"StorageOptions(keys={sorted(self)})"
+
+    __str__ = __repr__
+
+    def __reduce__(self):
+        return (StorageOptions, (dict(self),))
+
+
+def storage_options(options: dict | None) -> StorageOptions:
+    return options if isinstance(options, StorageOptions) else StorageOptions(options or {})
+
+
+def with_env_endpoint(options: dict, environ) -> dict:
+    """``options`` plus the endpoint named by ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (botocore's
+    precedence) unless the options name one. Read once on the client and shipped with the
+    options, so workers on other machines reach the same S3-compatible store (MinIO, R2, Ceph)."""
+    endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
+    if not endpoint or options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url"):
+        return options
+    return {**options, "client_kwargs": {**(options.get("client_kwargs") or {}), "endpoint_url": endpoint}}
+
 
 def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(filesystem, path inside it) for a local path or URL; each process builds its own."""
+    """(filesystem, path inside it) for a local path or URL; each process builds its own.
+
+    Cached listings are dropped: other processes (workers, an earlier run) write behind this
+    instance's back, and resume must see what is really there.
+    """
     try:
-        return fsspec.core.url_to_fs(url, **(storage_options or {}))
-    except (ImportError, ValueError) as e:
-        raise UserError(f"cannot open {url!r}: {e}") from e
+        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    except ImportError as e:
+        raise UserError(f"cannot open {url!r}: {e}; install the package it names") from e
+    except (ValueError, TypeError) as e:
+        # TypeError: an option the filesystem does not take (the message names the key, not values).
+        raise UserError(f"cannot open {url!r}: {_one_line(e)}; check the URL and --storage-option keys") from e
+    fs.invalidate_cache()
+    return fs, path
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return isinstance(fs, LocalFileSystem)
+
+
+def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
+    return "s3" in _protocols(fs)
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 
 
 def join(root: str, *parts: str) -> str:
@@ -39,37 +103,58 @@ def display_url(fs: fsspec.AbstractFileSystem, path: str) -> str:
     return path if is_local(fs) else fs.unstrip_protocol(path)
 
 
+def part_size(nbytes: int) -> int:
+    """Multipart part size for an object of ``nbytes``: ``PART_BYTES``, or more (whole MiB) when
+    the object would otherwise need more than S3's 10,000 parts."""
+    needed = -(-nbytes // MAX_PARTS)
+    return max(PART_BYTES, -(-needed // MIB) * MIB)
+
+
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that no reader ever sees a partial object."""
     if is_local(fs):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-        return
-    f = fs.open(path, "wb", autocommit=False, **_block_size_for(len(data)))
+        _write_local(path, data)
+    elif is_s3(fs) and len(data) < MULTIPART_THRESHOLD:
+        fs.pipe_file(path, data)  # one PutObject: stored whole or not at all
+    else:
+        _write_deferred(fs, path, data)
+
+
+def _write_local(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     try:
-        f.write(data)
-        f.close()
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     except BaseException:
-        f.discard()
+        if os.path.exists(tmp):
+            os.remove(tmp)
         raise
-    f.commit()
 
 
-def _block_size_for(nbytes: int) -> dict:
-    """Multipart part size: at least 5 MiB (S3's minimum), and large enough to stay far below
-    S3's 10,000-part limit for this object (here at most 1,000 parts)."""
-    minimum = 5 * 2**20
-    return {"block_size": max(minimum, -(-nbytes // 1000))}
+def _write_deferred(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """Multipart upload of ``part_size`` parts, completed by ``commit()`` only after the last
+    byte went out; aborted (``discard()``) on any error."""
+    block = part_size(len(data))
+    f = fs.open(path, "wb", autocommit=False, block_size=block)
+    try:
+        for start in range(0, len(data), block):
+            f.write(data[start:start + block])  # each full block goes out as one part
+        f.close()
+        f.commit()
+    except BaseException:
+        with contextlib.suppress(Exception):  # keep the original error; an unaborted upload stays invisible
+            f.discard()
+        f.closed = True  # discarded: closing it later (``__del__``) must not try to upload again
+        raise
+    finally:
+        # fsspec also queues deferred files on the (cached, long-lived) filesystem's transaction
+        # object; we commit or discard ourselves, so drop it there rather than keep it forever.
+        with contextlib.suppress(ValueError):
+            fs.transaction.files.remove(f)
 
 
 def write_json(fs: fsspec.AbstractFileSystem, path: str, obj) -> None:
@@ -81,12 +166,78 @@ def read_json(fs: fsspec.AbstractFileSystem, path: str):
         return json.loads(f.read())
 
 
+def check_bucket(fs: fsspec.AbstractFileSystem, path: str, url: str, *, what: str) -> None:
+    """S3 only: fail now, in one line naming ``url``, if the bucket is missing, the endpoint does
+    not answer or no credentials are found. A 403 here is not final (a role may read a prefix
+    without the bucket-level ListBucket right): the listing or write that follows reports it."""
+    if not is_s3(fs):
+        return
+    bucket = path.split("/", 1)[0]
+    try:
+        fs.call_s3("head_bucket", Bucket=bucket)
+    except PermissionError:
+        return
+    except FileNotFoundError as e:
+        raise UserError(f"{what} {url}: bucket {bucket!r} does not exist{_at_endpoint(fs)}; "
+                        "create it first or fix the URL") from e
+    except Exception as e:
+        raise storage_error(e, url, what=what, fs=fs) from e
+
+
+def storage_error(e: BaseException, url: str, *, what: str, fs: fsspec.AbstractFileSystem | None = None) -> UserError:
+    """A one-line ``UserError`` for a storage failure on ``url``, saying what to check."""
+    name = type(e).__name__
+    if isinstance(e, PermissionError):
+        hint = "access denied; check the credentials in use (AWS_PROFILE, AWS_ACCESS_KEY_ID, instance role) and the bucket policy"
+    elif isinstance(e, FileNotFoundError):
+        hint = "not found"
+    elif name == "NoCredentialsError":
+        hint = ("no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, "
+                "or pass --storage-option anon=true for a public bucket")
+    elif name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionError", "ClientConnectorError") \
+            or isinstance(e, (ConnectionError, TimeoutError)):
+        hint = ("cannot reach the storage endpoint; check AWS_ENDPOINT_URL or --storage-option endpoint_url=..., "
+                "and the network")
+    else:
+        hint = "check the URL, the credentials and the endpoint"
+    return UserError(f"{what} {url}: {hint}{_at_endpoint(fs)} ({name}: {_one_line(e)})")
+
+
+def _at_endpoint(fs: fsspec.AbstractFileSystem | None) -> str:
+    """" at http://host:port" when ``fs`` is an S3 filesystem whose client knows its endpoint
+    (whether it came from --storage-option, AWS_ENDPOINT_URL or AWS's default)."""
+    client = getattr(fs, "s3", None) if fs is not None else None
+    endpoint = getattr(getattr(client, "meta", None), "endpoint_url", None)
+    return f" at {endpoint}" if endpoint else ""
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return text[:300] or type(e).__name__
+
+
 def ensure_writable(fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
-    """Fail before any tokenizing when OUT cannot be written (a probe object, then removed)."""
+    """Fail before any tokenizing when OUT cannot be written (a probe object, then removed).
+
+    On object stores nothing is created but the probe: s3fs's ``makedirs`` would create a
+    missing bucket, and a typo in ``--out`` must be an error, not a new bucket.
+    """
+    if is_local(fs):
+        try:
+            fs.makedirs(join(root, "parts"), exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot write to output {url!r}: {type(e).__name__}: {_one_line(e)}; "
+                            "choose another --out or fix its permissions") from e
+    check_bucket(fs, root, url, what="output")
     probe = join(root, f".tokenshards-write-probe-{uuid.uuid4().hex}")
     try:
-        fs.makedirs(join(root, "parts"), exist_ok=True)
         write_atomic(fs, probe, b"ok")
-        fs.rm(probe)
+    except UserError:
+        raise
     except Exception as e:
-        raise UserError(f"cannot write to output {url!r}: {type(e).__name__}: {e}; choose another --out or fix its permissions") from e
+        if is_local(fs):
+            raise UserError(f"cannot write to output {url!r}: {type(e).__name__}: {_one_line(e)}; "
+                            "choose another --out or fix its permissions") from e
+        raise storage_error(e, url, what="cannot write to output", fs=fs) from e
+    with contextlib.suppress(PermissionError):  # write-only credentials are enough for a run
+        fs.rm(probe)
