@@ -63,6 +63,8 @@ class HubServer:
         self.page_size = page_size
         self.branches = branches
         self.list_subfolders = list_subfolders
+        self.rate: int | None = None
+        """Bytes per second for file bodies (None: as fast as possible), to interrupt a download."""
         """False: a tree request for a path is 404, as from a minimal server that lists only the root."""
         self.requests: list[Logged] = []
         self._faults: list[Fault] = []
@@ -282,6 +284,9 @@ class _Handler(BaseHTTPRequestHandler):
             status = 206
             headers["Content-Range"] = f"bytes {first}-{first + len(body) - 1}/{len(data)}"
         headers["Content-Length"] = str(len(body))
+        if hub.rate and not head:
+            self._trickle(status, body, headers)
+            return
         if drop_after is None or head:
             self._send(status, body, headers, head=head)
             return
@@ -298,6 +303,24 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+    def _trickle(self, status: int, body: bytes, headers: dict) -> None:
+        """Send the body at ``hub.rate`` bytes/s; a client that hangs up just ends it."""
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        step = max(1, self.hub.rate // 20)
+        try:
+            for i in range(0, len(body), step):
+                self.wfile.write(body[i:i + step])
+                self.wfile.flush()
+                time.sleep(0.05)
+        except OSError:
+            self.close_connection = True
+            return
+        self.hub.requests.append(Logged(self.command, self.path, self.headers.get("Range"), status))
 
 
 def main() -> None:

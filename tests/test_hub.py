@@ -9,8 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -198,14 +200,49 @@ def test_interrupted_download_resumes_on_rerun_and_partial_files_are_never_used(
     assert not (tmp_path / "dl/sample/10BT/001_00000.parquet").exists()  # no partial file where readers look
     fetched_first = {r.path for r in server.downloads()}
     server.clear_faults()
+    # What a killed run leaves: huggingface_hub's per-process temporary files, never resumed.
+    temp = tmp_path / "dl/.cache/huggingface/download/sample/10BT"
+    stale, live = temp / "abc.stale.incomplete", temp / "abc.live.incomplete"
+    for p in (stale, live):
+        p.write_bytes(b"partial")
+    os.utime(stale, (1e9, 1e9))
     said = []
     sources = hub.download(ds, hub.list_files(ds), announce=said.append)
     assert "2 already downloaded; fetching 1 files" in said[0]
+    assert not stale.exists() and live.exists()  # an hour-old one is removed, a live one left alone
     again = [r.path for r in server.downloads() if r.path in fetched_first]
     assert len(again) == len(fetched_first)  # nothing downloaded twice
     assert [r.path.rsplit("/", 1)[1] for r in server.downloads()][-1] == "001_00000.parquet"
     for s in sources:
         assert Path(s.url).read_bytes() == (server.root / s.name).read_bytes()
+
+
+def test_ctrl_c_stops_a_download_at_once_and_the_rerun_completes_it(server, tmp_path):
+    server.rate = 1_000  # bytes/s: each file takes seconds
+    cmd = [TOKENSHARDS, "download", "--dataset", REPO, "--size", "10B", "--to", str(tmp_path / "d"), "--keep-free-gb", "0"]
+    proc = subprocess.Popen(cmd, env=_env(tmp_path, server), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(r.method == "GET" and "/resolve/" in r.path for r in server.requests):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert time.monotonic() - t0 < 5  # did not wait for the downloads to end
+    present = list((tmp_path / "d").glob("sample/10BT/*.parquet"))
+    assert len(present) < 3  # interrupted mid-download ...
+    for p in present:  # ... and whatever is where readers look is whole
+        assert p.read_bytes() == (server.root / "sample/10BT" / p.name).read_bytes()
+    server.rate = None
+    proc = subprocess.run(cmd, env=_env(tmp_path, server), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for p in _served(server.root):
+        assert (tmp_path / "d/sample/10BT" / p.name).read_bytes() == p.read_bytes()
 
 
 def test_a_local_copy_whose_size_or_etag_disagrees_is_fetched_again(server, tmp_path):

@@ -21,11 +21,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import queue
 import re
 import shutil
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -106,7 +106,8 @@ class HubFile:
     """Path in the repo, e.g. ``sample/10BT/000_00000.parquet``: also the document-id prefix."""
     size: int
     etag: str
-    """What huggingface_hub names the blob by: the LFS sha256, else the git blob id; "" offline."""
+    """As listed (the LFS sha256, else the git blob id; "" offline): for the record, since
+    huggingface_hub itself keys downloads by the etag its HEAD request gets."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,8 +267,8 @@ def _offline_listing(ds: HubDataset) -> HubListing:
 def local_path(ds: HubDataset, listing: HubListing, f: HubFile) -> Path:
     """Where huggingface_hub puts (or put) ``f``: the snapshot link in the cache, or under download_dir."""
     if ds.download_dir:
-        return Path(ds.download_dir) / f.path
-    storage = Path(ds.hub_cache) / repo_folder_name(repo_id=listing.repo, repo_type="dataset")
+        return Path(ds.download_dir).expanduser().absolute() / f.path
+    storage = Path(ds.hub_cache).expanduser().absolute() / repo_folder_name(repo_id=listing.repo, repo_type="dataset")
     return storage / "snapshots" / listing.commit / f.path
 
 
@@ -279,6 +280,7 @@ def is_present(ds: HubDataset, listing: HubListing, f: HubFile) -> bool:
 
 def download(ds: HubDataset, listing: HubListing, *, announce: Callable[[str], None] = print) -> list[Source]:
     """Fetch what is missing (after saying how much, and checking the disk); return local sources."""
+    _clear_stale(ds, listing)
     todo = [f for f in listing.files if not is_present(ds, listing, f)]
     target = ds.download_dir or ds.hub_cache
     need = sum(f.size for f in todo)
@@ -314,29 +316,71 @@ def _remember_revision(ds: HubDataset, listing: HubListing) -> None:
 def _fetch_all(ds: HubDataset, listing: HubListing, files, *, announce: Callable[[str], None],
                every: float = 15.0) -> None:
     """Every file through ``fetch_file``, ``max_workers`` at a time, with a progress line per file
-    and one every ``every`` seconds (a FineWeb file is ~2 GB: minutes without a word otherwise)."""
+    and one every ``every`` seconds (a FineWeb file is ~2 GB: minutes without a word otherwise).
+
+    Daemon threads, so that Ctrl-C stops at once instead of waiting for 2 GB downloads to end;
+    what they leave is only huggingface_hub's temporary ``.incomplete`` files (see ``_clear_stale``).
+    After an ordinary error the downloads under way are let finish, so a rerun finds them whole."""
     total = sum(f.size for f in files)
     counter = _ByteCounter()
-    ready = ready_bytes = 0
+    work: queue.Queue = queue.Queue()
+    for f in files:
+        work.put(f)
+    results: queue.Queue = queue.Queue()
+    stop = threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            try:
+                f = work.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                results.put((f, fetch_file(ds, listing.repo, listing.commit, f, tqdm_class=counter.bar), None))
+            except BaseException as e:  # handed to the main thread, raised there
+                results.put((f, None, e))
+
+    threads = [threading.Thread(target=worker, name=f"tokenshards-hub-{i}", daemon=True)
+               for i in range(min(ds.max_workers, len(files)))]
+    for t in threads:
+        t.start()
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=ds.max_workers, thread_name_prefix="tokenshards-hub") as pool:
-        futures = {pool.submit(fetch_file, ds, listing.repo, listing.commit, f, tqdm_class=counter.bar): f
-                   for f in files}
-        pending = set(futures)
+    ready = ready_bytes = 0
+    try:
+        while ready < len(files):
+            try:
+                f, _, error = results.get(timeout=every)
+            except queue.Empty:
+                rate = counter.n / max(time.monotonic() - t0, 1e-9)
+                announce(f"downloading: {human(counter.n)}B received, {human(rate)}B/s, {ready}/{len(files)} files ready")
+                continue
+            if error is not None:
+                stop.set()
+                for t in threads:
+                    t.join()
+                raise error
+            ready, ready_bytes = ready + 1, ready_bytes + f.size
+            announce(f"ready {ready}/{len(files)} ({human(ready_bytes)}B of {human(total)}B): {f.path}")
+    finally:
+        stop.set()
+
+
+def _clear_stale(ds: HubDataset, listing: HubListing, *, older_than: float = 3600.0) -> None:
+    """Remove huggingface_hub's temporary ``*.incomplete`` files of this repo left by a killed run.
+
+    huggingface_hub names them per process and never resumes them across processes; one untouched
+    for an hour is nobody's download any more (a live one is written to every few seconds)."""
+    if ds.download_dir:
+        where = Path(ds.download_dir).expanduser() / ".cache" / "huggingface" / "download"
+    else:
+        where = Path(ds.hub_cache).expanduser() / repo_folder_name(repo_id=listing.repo, repo_type="dataset") / "blobs"
+    now = time.time()
+    for p in where.rglob("*.incomplete") if where.is_dir() else ():
         try:
-            while pending:
-                finished, pending = wait(pending, timeout=every, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    future.result()
-                    ready, ready_bytes = ready + 1, ready_bytes + futures[future].size
-                    announce(f"ready {ready}/{len(files)} ({human(ready_bytes)}B of {human(total)}B): {futures[future].path}")
-                if not finished:
-                    rate = counter.n / max(time.monotonic() - t0, 1e-9)
-                    announce(f"downloading: {human(counter.n)}B received, {human(rate)}B/s, {ready}/{len(files)} files ready")
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+            if now - p.stat().st_mtime > older_than:
+                p.unlink()
+        except OSError:
+            pass  # gone already, or not ours to remove
 
 
 class _ByteCounter:
