@@ -341,6 +341,7 @@ def test_worker_killed_mid_upload_leaves_nothing_committed_and_a_rerun_completes
         assert not fs.exists(f"{bucket}/{key}")  # the half-uploaded object is not there...
         assert not fs.exists(f"{bucket}/out/parts/part-00003.done.json")  # ...nor a record committing it
         assert not fs.exists(f"{bucket}/out/manifest.json")
+        assert any(u["Key"] == key for u in fs.call_s3("list_multipart_uploads", Bucket=bucket)["Uploads"])
         committed = fs.glob(f"{bucket}/out/parts/*.done.json")
         for done in committed:  # whatever is committed is whole
             record = json.loads(fs.cat_file(done))
@@ -350,6 +351,7 @@ def test_worker_killed_mid_upload_leaves_nothing_committed_and_a_rerun_completes
         start_worker()
         rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
         assert rerun.returncode == 0, rerun.stderr
+        assert not fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads")  # the rerun aborted it
         if committed:  # typically the three small partitions, done before the big one started
             assert f"{len(committed)} already committed" in rerun.stderr
         assert s3.secret not in rerun.stdout + rerun.stderr + log.read_text()

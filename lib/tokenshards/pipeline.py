@@ -18,7 +18,7 @@ from .partition import FRAME_META, RECORD_META, PartitionJob, read_piece, tokeni
 from .plan import BadInput, InputFile, plan_pieces, read_input_or_bad
 from .progress import Progress, human
 from .sources import resolve_inputs
-from .store import ensure_writable, filesystem, join, storage_options
+from .store import abort_stale_uploads, ensure_writable, filesystem, join, storage_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,6 +80,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
         job = manifest.identity_hash(identity)
         manifest.claim_output(out_fs, out_root, identity, url=config.out)
         manifest.remove_stale_temporaries(out_fs, out_root)
+        abort_stale_uploads(out_fs, join(out_root, "parts"))
         committed = manifest.committed_entries(out_fs, out_root, job=job, pieces=pieces)
         pending = [p for p in pieces if p.index not in committed]
         announce(f"{len(sources)} input files, {sum(f.rows for f in files):,} rows, "

@@ -157,6 +157,26 @@ def _write_deferred(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> No
             fs.transaction.files.remove(f)
 
 
+def abort_stale_uploads(fs: fsspec.AbstractFileSystem, prefix: str) -> int:
+    """S3 only: abort the unfinished multipart uploads under ``prefix`` (workers killed mid-upload).
+
+    They were never visible, but S3 bills their parts until aborted. Call it only when no other
+    writer is active under ``prefix`` (the rerun of the same job, as for local temporaries).
+    """
+    if not is_s3(fs):
+        return 0
+    bucket, _, key_prefix = prefix.partition("/")
+    aborted, markers = 0, {}
+    while True:
+        page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key_prefix.rstrip("/") + "/", **markers)
+        for upload in page.get("Uploads", []):
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+            aborted += 1
+        if not page.get("IsTruncated"):
+            return aborted
+        markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+
 def write_json(fs: fsspec.AbstractFileSystem, path: str, obj) -> None:
     write_atomic(fs, path, (json.dumps(obj, indent=1, sort_keys=False) + "\n").encode())
 
