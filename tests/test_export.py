@@ -55,7 +55,7 @@ def tokenize_to(cluster, inputs: Path, out: Path, **options) -> Path:
 def corpus(tmp_path_factory, cluster):
     root = tmp_path_factory.mktemp("export")
     write_corpus(root / "in")
-    return {"root": root, "gpt2": tokenize_to(cluster, root / "in", root / "out", partition_bytes=3000)}
+    return {"root": root, "gpt2": tokenize_to(cluster, root / "in", root / "out", partition_bytes=6000)}
 
 
 def export(cluster, out, to, **options) -> Path:

@@ -34,7 +34,7 @@ def out(tmp_path_factory, cluster) -> Path:
     pq.write_table(pa.table({"id": [f"id-{i}" for i in range(120)], "text": texts[:120]}), root / "in" / "a.parquet",
                    row_group_size=15)
     pq.write_table(pa.table({"text": texts[120:]}), root / "in" / "b.parquet", row_group_size=20)
-    run_tokenize(TokenizeConfig(inputs=(str(root / "in" / "*.parquet"),), out=str(root / "out"), partition_bytes=1500,
+    run_tokenize(TokenizeConfig(inputs=(str(root / "in" / "*.parquet"),), out=str(root / "out"), partition_bytes=3000,
                                 scheduler=cluster.scheduler_address, progress="none"), announce=lambda m: None)
     return root / "out"
 

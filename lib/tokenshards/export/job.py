@@ -37,6 +37,8 @@ RECORD_FORMAT = "tokenshards-export/1"
 
 @dataclass(frozen=True, kw_only=True)
 class ExportConfig:
+    """What decides the exported bytes (above the line) and how the job runs (below it)."""
+
     out: str
     format: str
     to: str
@@ -169,6 +171,7 @@ def _prepare_dest(fs, root: str, config: ExportConfig) -> None:
     """Refuse to mix with an earlier export's files (a trainer's glob would read both), unless
     --overwrite, which removes them first; then check DEST is writable."""
     patterns = formats.name_patterns(config.format, config.name_prefix) + [formats.record_name(config.format, config.name_prefix)]
+    fs.invalidate_cache(root)  # s3fs caches listings per process; workers may have written since
     found = sorted({p for pattern in patterns for p in fs.glob(join(root, pattern))})
     if found and not config.overwrite:
         names = ", ".join(posixpath.basename(p) for p in found[:3]) + (" ..." if len(found) > 3 else "")
