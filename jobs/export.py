@@ -1,0 +1,7 @@
+"""Job entry point: `python jobs/export.py OUT --format llmc --to DEST` (same as `tokenshards export`)."""
+import sys
+
+from tokenshards.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["export", *sys.argv[1:]]))
