@@ -16,8 +16,13 @@ FETCH ?=
 REVISION ?=
 HUB_FLAGS = --dataset $(DATASET) --size $(SIZE) $(if $(REVISION),--revision $(REVISION))
 
+# OUT=s3://bucket/prefix: credentials and AWS_ENDPOINT_URL come from the environment as for any
+# AWS tool; STORAGE_OPTIONS="endpoint_url=http://minio:9000 anon=false" adds s3fs options.
+STORAGE_OPTIONS ?=
+
 TOKENIZE_FLAGS = --out $(OUT) --encoding $(ENCODING) \
-	$(if $(WORKERS),--workers $(WORKERS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER))
+	$(if $(WORKERS),--workers $(WORKERS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) \
+	$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
 
 .PHONY: install tokenize download test bench demo-corpus clean
 
