@@ -341,3 +341,19 @@ def test_val_threshold_from_any_merge_tree_equals_a_global_sort():
         for k, (ids, inp, rows, lengths) in enumerate(parts):
             mask = valsplit.is_val(hashes=valsplit.id_hashes(ids), input_ordinal=inp, rows=rows, threshold=threshold)
             assert mask.sum() == docs[k] and lengths[mask].sum() == tokens[k]
+
+
+def test_shard_names_one_running_number_val_first():
+    """Pure: a validation set larger than a shard takes several numbers before train starts."""
+    from tokenshards.export.formats import shard_files
+    from tokenshards.export.layout import Streams
+
+    def names(val_tokens):
+        streams = Streams.from_counts(docs=np.array([10, 10]), tokens=np.array([100, 150]),
+                                      val_docs=np.array([3, 0]), val_tokens=np.array([val_tokens, 0]))
+        return [(f.name, f.tokens) for f in shard_files(fmt="llmc", prefix="x", streams=streams, shard_tokens=40, dtype="<u2")]
+
+    assert names(90) == [("x_val_000000.bin", 40), ("x_val_000001.bin", 40), ("x_val_000002.bin", 10),
+                         ("x_train_000003.bin", 40), ("x_train_000004.bin", 40), ("x_train_000005.bin", 40),
+                         ("x_train_000006.bin", 40)]
+    assert names(0)[0] == ("x_train_000000.bin", 40) and sum(t for _, t in names(0)) == 250
