@@ -1,13 +1,15 @@
 """The tokenize job: plan on the cluster, tokenize on the cluster, commit the manifest last."""
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import dask
 import dask.dataframe as dd
-from distributed import Client, as_completed
+from distributed import Client, as_completed, performance_report
 
 from . import hub, manifest
 from .cluster import connect
@@ -56,14 +58,19 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     if config.overwrite and out_fs.exists(out_root):
         announce(f"--overwrite: removing the earlier run in {config.out}")
         manifest.remove_run(out_fs, out_root)
-    loaded = load_encoding(config.encoding, announce=announce)
+    report = _performance_report(config.report)
+    # Checked before a cluster starts; its notes wait so that the dashboard link comes first.
+    encoding_notes: list[str] = []
+    loaded = load_encoding(config.encoding, announce=encoding_notes.append)
     spec = loaded.spec
     listing = hub.list_files(config.hub) if config.hub else None
     if listing is not None and config.hub.fetch == "client":
         sources += hub.download(config.hub, listing, announce=announce)
 
     with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
-                 announce=announce) as client:
+                 announce=announce, cluster_config=config.cluster_config) as client, report:
+        for note in encoding_notes:
+            announce(note)
         if listing is not None and config.hub.fetch == "workers":
             sources += hub.prepare_workers(client, config.hub, listing, announce=announce)
         files, bad = _read_metadata(client, sources, config)
@@ -96,10 +103,22 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
 
     result = manifest.build_manifest(identity=identity, files=files, skipped=bad, entries=list(entries.values()))
     manifest.write_manifest(out_fs, out_root, result)
+    if config.report:
+        announce(f"performance report: {config.report}")
     totals = result["totals"]
     return Summary(out=config.out, partitions=len(pieces), skipped_partitions=len(committed), docs=totals["docs"],
                    tokens=totals["tokens"], skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
                    seconds=time.perf_counter() - t0, tokenize_seconds=max(finished - started, 0.0))
+
+
+def _performance_report(path: str | None):
+    """Dask's performance report (task stream, worker profiles) saved as HTML when the job ends."""
+    if not path:
+        return contextlib.nullcontext()
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UserError(f"--report {path}: folder {folder} does not exist; create it or choose another file")
+    return performance_report(filename=path)
 
 
 def _read_metadata(client: Client, sources, config: TokenizeConfig) -> tuple[list[InputFile], list[BadInput]]:

@@ -1,0 +1,232 @@
+"""Clusters: the shipped configs turn into real backend objects, typos fail with the known keys,
+and a real `dask scheduler` + `dask worker` pair runs the job while its dashboard answers."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+from distributed import Client
+
+from conftest import write_parquet
+from readback import read_documents
+from tokenshards.cli import main
+from tokenshards.cluster import kubernetes_spec, load_cluster_config, slurm_cluster
+from tokenshards.config import TokenizeConfig
+from tokenshards.errors import UserError
+from tokenshards.pipeline import run_tokenize
+
+CONFIGS = Path(__file__).resolve().parent.parent / "cluster_configs"
+DASK = str(Path(sys.executable).with_name("dask"))
+
+
+def _config(tmp_path: Path, body: dict) -> str:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return str(path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("name", ["local", "scheduler", "slurm", "kubernetes", "ssh"])
+def test_every_shipped_config_validates(name):
+    config = load_cluster_config(str(CONFIGS / f"{name}.yaml"))
+    assert config.kind == name
+
+
+def test_slurm_config_renders_a_job_script():
+    """dask-jobqueue's own class accepts every option; its job script is what sbatch would get."""
+    config = load_cluster_config(str(CONFIGS / "slurm.yaml"))
+    # The shipped :8787 is often taken on a shared machine, and distributed then leaks a
+    # socket (a ResourceWarning, an error here): keep the in-process scheduler on loopback.
+    options = {**config.settings["options"], "scheduler_options": {"dashboard_address": "127.0.0.1:0", "host": "127.0.0.1"}}
+    cluster = slurm_cluster(dataclasses.replace(config, settings={**config.settings, "options": options}))
+    try:
+        script = cluster.job_script()
+    finally:
+        cluster.close()
+    assert "#SBATCH -p cpu" in script
+    assert "#SBATCH --cpus-per-task=16" in script
+    assert "#SBATCH -t 04:00:00" in script
+    assert "-m distributed.cli.dask_worker" in script and "--nthreads 1" in script and "--nworkers 16" in script
+
+
+def test_kubernetes_config_builds_an_operator_spec_with_current_commands():
+    spec = kubernetes_spec(load_cluster_config(str(CONFIGS / "kubernetes.yaml")))
+    assert spec["kind"] == "DaskCluster" and spec["metadata"]["name"] == "tokenshards"
+    worker = spec["spec"]["worker"]
+    assert worker["replicas"] == 8
+    (container,) = worker["spec"]["containers"]
+    assert container["args"][:4] == ["dask", "worker", "--nthreads", "1"]
+    assert container["resources"]["limits"] == {"cpu": "1", "memory": "4Gi"}
+    (scheduler,) = spec["spec"]["scheduler"]["spec"]["containers"]
+    assert scheduler["args"][:2] == ["dask", "scheduler"]
+    # distributed 2026.6 removed the hyphenated commands: no pod may run them.
+    assert "dask-scheduler" not in json.dumps(spec) and '"dask-worker"' not in json.dumps(spec)
+
+
+def test_workers_flag_overrides_the_config():
+    assert load_cluster_config(str(CONFIGS / "kubernetes.yaml"), workers=3).workers == 3
+    with pytest.raises(UserError, match=r"--workers does not apply to a cluster config of kind 'ssh'"):
+        load_cluster_config(str(CONFIGS / "ssh.yaml"), workers=3)
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"kind": "slurm", "workers": 2, "options": {"cores": 4, "memory": "8GB", "qeueu": "cpu"}},
+     r"options \(kind: slurm\): unknown key\(s\) 'qeueu' \(did you mean 'queue'\?\); known keys: .*account.*walltime"),
+    ({"kind": "kubernetes", "workers": 2, "options": {"imagee": "x"}},
+     r"unknown key\(s\) 'imagee' \(did you mean 'image'\?\); known keys: env, idle_timeout, image,"),
+    ({"kind": "kubernetes", "workers": 2, "options": {"resources": {"limit": {"cpu": 1}}}},
+     r"options.resources: unknown key\(s\) 'limit' \(did you mean 'limits'\?\)"),
+    ({"kind": "local", "worker": 2}, r"\(kind: local\): unknown key\(s\) 'worker' \(did you mean 'workers'\?\)"),
+    ({"kind": "slurm", "workers": 2, "options": {"project": "p"}}, r"options.project is deprecated.*use options.account"),
+    ({"kind": "slurm", "options": {}}, r"workers .* is required for kind slurm"),
+    ({"kind": "slurm", "workers": 2, "options": {"cores": 4}}, r"options.memory is required \(per SLURM job, e.g. memory: 64GB\)"),
+    ({"kind": "slurm", "workers": 2, "options": {"cores": 4, "memory": "8GB", "host": "h"}},
+     r"unknown key\(s\) 'host'; known keys: .*scheduler_options"),
+    ({"kind": "kubernetes", "workers": 2, "options": {"env": {"N": 5}}}, r"options.env must map names to strings"),
+    ({"kind": "local", "workers": 0}, r"workers=0 must be a positive integer"),
+    ({"kind": "lsf"}, r"kind='lsf' not supported, expected one of local, scheduler, slurm, kubernetes, ssh"),
+    ({"kind": "scheduler"}, r"give exactly one of address .* or scheduler_file"),
+    ({"kind": "scheduler", "address": "host:8786"}, r"address='host:8786' needs a protocol"),
+    ({"kind": "ssh", "hosts": ["only-one"]}, r"hosts must list at least two host names"),
+])
+def test_config_mistakes_are_one_line_errors(tmp_path, body, message):
+    with pytest.raises(UserError, match=message):
+        load_cluster_config(_config(tmp_path, body))
+
+
+def test_missing_config_lists_the_folder(tmp_path):
+    (tmp_path / "mine.yaml").write_text("kind: local\n")
+    with pytest.raises(UserError, match=r"cluster config .*nope.yaml not found; configs in .*: mine.yaml"):
+        load_cluster_config(str(tmp_path / "nope.yaml"))
+
+
+def test_missing_backend_package_names_the_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "dask_jobqueue", None)  # as if it were not installed
+    with pytest.raises(UserError, match=r"needs the dask-jobqueue package: pip install 'tokenshards\[slurm\]'"):
+        load_cluster_config(str(CONFIGS / "slurm.yaml"))
+
+
+def test_cli_reports_a_bad_config_without_traceback(tmp_path, capsys):
+    path = _config(tmp_path, {"kind": "local", "threads": 2})
+    code = main(["tokenize", "--input", str(tmp_path / "x.parquet"), "--out", str(tmp_path / "out"), "--cluster", path])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("tokenshards: error: ") and "Traceback" not in err
+
+
+# -- a real `dask scheduler` and `dask worker`, as the README tells users to start them --
+
+@pytest.fixture(scope="module")
+def dask_scheduler(tmp_path_factory):
+    """`dask scheduler` and one `dask worker` on 127.0.0.1 (~4 s to start)."""
+    folder = tmp_path_factory.mktemp("scheduler")
+    port, dashboard = _free_port(), _free_port()
+    scheduler_file = folder / "scheduler.json"
+    procs = [subprocess.Popen([DASK, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", f"127.0.0.1:{dashboard}", "--scheduler-file", str(scheduler_file)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    address = f"tcp://127.0.0.1:{port}"
+    try:
+        procs.append(subprocess.Popen([DASK, "worker", address, "--host", "127.0.0.1", "--nthreads", "1", "--nworkers", "1",
+                                       "--no-dashboard", "--local-directory", str(folder)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60
+        while not scheduler_file.exists():
+            assert time.monotonic() < deadline, "dask scheduler did not start"
+            time.sleep(0.1)
+        with Client(address, timeout="30s") as client:
+            client.wait_for_workers(1, timeout=60)
+        yield {"address": address, "dashboard": dashboard, "scheduler_file": str(scheduler_file)}
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    texts = [f"document {i}: " + "the quick brown fox jumps over the lazy dog " * (1 + i % 7) for i in range(400)]
+    return write_parquet(tmp_path / "in" / "c.parquet", {"text": texts}, row_group_size=50)
+
+
+def test_dashboard_answers_during_a_run_on_a_real_scheduler(dask_scheduler, corpus, tmp_path):
+    """The first announced line is the dashboard link; a real GET of it, made while the job
+    runs (from inside the announce callback), answers 200; the performance report is saved."""
+    seen: list[str] = []
+    statuses: list[int] = []
+
+    def announce(message: str) -> None:
+        seen.append(message)
+        if message.startswith("dashboard: "):
+            url = message.split()[1]
+            with urllib.request.urlopen(url, timeout=30) as response:
+                statuses.append(response.status)
+                assert b"<html" in response.read(4096).lower()
+
+    report = tmp_path / "report.html"
+    config = TokenizeConfig(inputs=(str(corpus),), out=str(tmp_path / "out"), scheduler=dask_scheduler["address"],
+                            progress="none", partition_bytes=2000, report=str(report))
+    summary = run_tokenize(config, announce=announce)
+
+    assert seen[0] == (f"dashboard: http://127.0.0.1:{dask_scheduler['dashboard']}/status  "
+                       f"(scheduler {dask_scheduler['address']}, 1 workers)")
+    assert statuses == [200]
+    assert summary.partitions == 8 and summary.docs == 400
+    assert len(read_documents(tmp_path / "out")) == 400
+    assert report.stat().st_size > 10_000 and "Dask Performance Report" in report.read_text()
+    assert seen[-1] == f"performance report: {report}"
+
+
+def test_cli_runs_through_a_scheduler_file_config(dask_scheduler, corpus, tmp_path, capsys):
+    path = _config(tmp_path, {"kind": "scheduler", "scheduler_file": dask_scheduler["scheduler_file"], "timeout": "20s"})
+    code = main(["tokenize", "--input", str(corpus), "--out", str(tmp_path / "out"), "--cluster", path,
+                 "--progress", "log", "--partition-mb", "0.002"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    lines = captured.err.splitlines()
+    assert re.fullmatch(rf"dashboard: http://127\.0\.0\.1:{dask_scheduler['dashboard']}/status  \(scheduler .*\)", lines[0])
+    assert lines[-1].startswith("partitions 8/8  ")
+    assert "done: 400 documents" in captured.out
+
+
+def test_unreachable_scheduler_is_a_user_error(tmp_path, corpus):
+    path = _config(tmp_path, {"kind": "scheduler", "address": f"tcp://127.0.0.1:{_free_port()}", "timeout": "1s"})
+    config = TokenizeConfig(inputs=(str(corpus),), out=str(tmp_path / "out"), cluster_config=path, progress="none")
+    with pytest.raises(UserError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:\d+: .*is `dask scheduler` running there\?"):
+        run_tokenize(config, announce=lambda m: None)
+
+
+def test_local_config_starts_a_local_cluster(tmp_path, corpus):
+    path = _config(tmp_path, {"kind": "local", "workers": 1, "dashboard_address": "127.0.0.1:0"})
+    seen: list[str] = []
+    config = TokenizeConfig(inputs=(str(corpus),), out=str(tmp_path / "out"), cluster_config=path, progress="none")
+    summary = run_tokenize(config, announce=seen.append)
+    assert re.fullmatch(r"dashboard: http://127\.0\.0\.1:\d+/status  \(local cluster \(.*cluster\.yaml\): 1 process workers\)",
+                        seen[0])
+    assert summary.docs == 400
+
+
+def test_scheduler_and_cluster_together_is_refused(tmp_path, corpus):
+    config = TokenizeConfig(inputs=(str(corpus),), out=str(tmp_path / "out"), scheduler="tcp://127.0.0.1:1",
+                            cluster_config=str(CONFIGS / "local.yaml"), progress="none")
+    with pytest.raises(UserError, match=r"pass either --scheduler or --cluster, not both"):
+        run_tokenize(config, announce=lambda m: None)
