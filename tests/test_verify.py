@@ -13,6 +13,7 @@ import pytest
 from pydoc_data.topics import topics
 
 from conftest import write_parquet
+from s3server import s3  # noqa: F401  (a fixture)
 from tokenshards import manifest as v1
 from tokenshards.cli import main
 from tokenshards.config import TokenizeConfig
@@ -226,6 +227,25 @@ def test_missing_manifest_is_a_user_error(copy, verify):
     (copy / "manifest.json").unlink()
     with pytest.raises(UserError, match=r"copy has no manifest\.json: the run did not finish; rerun the same tokenize"):
         verify(copy)
+
+
+def test_a_run_copied_to_s3(s3, run, verify):
+    """DESIGN: a finished folder can be copied to S3 as is; every task then reads through s3fs."""
+    fs = s3.fs()
+    dst = s3.make_bucket()
+    for path in sorted(p for p in run.rglob("*") if p.is_file()):
+        fs.put_file(str(path), f"{dst}/run/{path.relative_to(run).as_posix()}")
+    out = f"s3://{dst}/run"
+    report = verify(out, deep=3, storage_options=s3.storage_options)
+    assert report.ok and report.compared == 3, report.problems
+    assert s3.secret not in repr(VerifyConfig(out=out, storage_options=s3.storage_options))
+
+    fs.rm(f"{dst}/run/{v1.done_file(1)}")
+    fs.pipe(f"{dst}/run/parts/part-00002.docs.parquet.5e1f.tmp", b"partial")
+    report = verify(out, storage_options=s3.storage_options)
+    assert report.problems == ["partition 1: parts/part-00001.done.json is missing: the partition was never committed"]
+    assert report.warnings == ["parts/part-00002.docs.parquet.5e1f.tmp: temporary file left by an interrupted write; "
+                               "safe to delete"]
 
 
 # -- pure parts ---------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from . import manifest as v1
 from .config import EOT_POSITIONS
 from .encoders import EncoderPlugin, load_encoding, plugin_name, token_dtype, worker_encoding
 from .errors import UserError
-from .store import filesystem, is_local, join, read_json
+from .store import filesystem, is_local, join, read_json, storage_options
 
 REQUIRED_KEYS = ("format", "encoding", "eot_position", "text_column", "inputs", "partitions", "totals",
                  # not in DESIGN's list, but every tokenshards run writes them and verify needs them:
@@ -54,6 +54,8 @@ class VerifyConfig:
     dashboard_address: str = ":8787"
 
     def __post_init__(self):
+        # Credentials must not show in a repr or in distributed's log of a failed task.
+        object.__setattr__(self, "storage_options", storage_options(self.storage_options))
         if self.deep < 0:
             raise UserError(f"deep={self.deep} must be 0 or more documents")
         if self.workers is not None and self.workers < 1:
