@@ -413,7 +413,9 @@ def fetch_file(ds: HubDataset, repo: str, commit: str, f: HubFile, *, tqdm_class
         except (RepositoryNotFoundError, RevisionNotFoundError, RemoteEntryNotFoundError) as e:
             raise UserError(f"cannot download {where}: {_first_line(e)}; the repo changed since it was listed? rerun") from e
         except Exception as e:
-            if (_is_transient(e) or _is_short_read(e)) and attempt < ds.retries:
+            if not (_is_transient(e) or _is_short_read(e)):
+                raise UserError(f"cannot download {where} into {ds.download_dir or ds.hub_cache} ({_first_line(e)})") from e
+            if attempt < ds.retries:
                 attempt = _sleep(ds, attempt)
                 continue
             raise UserError(f"cannot download {where} after {attempt + 1} attempts ({_first_line(e)}); "
@@ -564,8 +566,9 @@ def prepare_workers(client, ds: HubDataset, listing: HubListing, *, announce: Ca
     if not by_host:
         raise UserError("no Dask worker is connected; start `dask worker SCHEDULER` first")
     share = max(max((f.size for f in listing.files), default=0), listing.bytes // len(by_host))
-    announce(f"{listing.describe()}: {len(listing.files)} files, {human(listing.bytes)}B; each of {len(by_host)} "
-             f"machines fetches the files of its own partitions into its cache (about {human(share)}B each)")
+    machines = f"each of {len(by_host)} machines" if len(by_host) > 1 else "the one worker machine"
+    announce(f"{listing.describe()}: {len(listing.files)} files, {human(listing.bytes)}B; {machines} fetches the files "
+             f"of its own partitions into its cache (about {human(share)}B each)")
     for host, (where, free) in sorted(by_host.items()):
         check_disk(need=share, free=free, keep_free=ds.keep_free, where=f"{host}:{where}",
                    what=f"this machine's share of {listing.describe()}")
