@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""`make bench`: our whole command vs. the machine's ceiling vs. the common mp.Pool baseline.
+
+All three run on the same corpus in one go, interleaved (A B C A B C ...), and we report medians
+and ratios, never a lone absolute time: this machine is noisy. The ceiling and the baseline are
+../shared/bench/raw_limit.py and peer_mp_pool.py when they are there (else this file's own
+copies of their loops, marked as such in the results); the corpus is ../shared/bench/make_corpus.py's
+when it can be built, else the demo corpus scaled up.
+
+    python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--memory-scale 4]
+
+Writes bench/results.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+SHARED = ROOT.parent / "shared" / "bench"
+BIN = Path(sys.executable).parent
+
+
+def build_corpus(dest: Path, mb: float) -> tuple[Path, str]:
+    """(folder of parquet files, where the text came from)."""
+    if dest.exists() and any(dest.rglob("*.parquet")):
+        return dest, (dest / "SOURCE").read_text() if (dest / "SOURCE").exists() else "cached"
+    dest.mkdir(parents=True, exist_ok=True)
+    maker = SHARED / "make_corpus.py"
+    if maker.exists():
+        proc = subprocess.run([sys.executable, str(maker), str(dest), "--mb", str(mb), "--no-token-count"],
+                              capture_output=True, text=True)
+        if proc.returncode == 0:
+            (dest / "SOURCE").write_text("shared/bench/make_corpus.py (Debian docs and fortunes)")
+            return dest, "shared/bench/make_corpus.py (Debian docs and fortunes)"
+        print(f"make_corpus.py failed ({proc.stderr.strip().splitlines()[-1:]}); using the demo corpus", file=sys.stderr)
+    from tokenshards.demo import help_topics, stdlib_docstrings
+
+    docs = [text for _, text in help_topics()] + [text for _, text in stdlib_docstrings()]
+    target, rows, size, copy = int(mb * 1e6), [], 0, 0
+    while size < target:
+        for text in docs:
+            rows.append(f"[copy {copy}] {text}")
+            size += len(rows[-1].encode())
+            if size >= target:
+                break
+        copy += 1
+    shards = max(1, round(target / 64e6))
+    per = -(-len(rows) // shards)
+    for s in range(shards):
+        chunk = rows[s * per:(s + 1) * per]
+        pq.write_table(pa.table({"text": chunk, "id": [f"demo-{s}-{i}" for i in range(len(chunk))]}),
+                       dest / f"000_{s:05d}.parquet", row_group_size=2000)
+    (dest / "SOURCE").write_text("demo corpus scaled up (CPython docs)")
+    return dest, "demo corpus scaled up (CPython docs)"
+
+
+class PeakTreeRSS:
+    """Peak resident memory of a process and all its descendants, sampled every 50 ms."""
+
+    def __init__(self, pid: int):
+        self.root = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            total = 0
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                break
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(0.05)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def run_ours(corpus: Path, workers: int, backend: str, scratch: Path) -> dict:
+    out = scratch / f"out-{backend}"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [str(BIN / "tokenshards"), "tokenize", "--input", str(corpus), "--out", str(out), "--workers", str(workers),
+           "--backend", backend, "--progress", "none", "--dashboard-address", ":0"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    meter = PeakTreeRSS(proc.pid)
+    stdout, stderr = proc.communicate()
+    wall = time.perf_counter() - t0
+    peak = meter.stop()
+    if proc.returncode:
+        raise SystemExit(f"tokenshards failed:\n{stderr}")
+    tokens = int(re.search(r"([\d,]+) tokens", stdout).group(1).replace(",", ""))
+    phase = float(re.search(r"tokenizing phase ([\d.]+) s", stdout).group(1))
+    shutil.rmtree(out, ignore_errors=True)
+    return {"tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall, "phase_seconds": phase,
+            "phase_tokens_per_s": tokens / phase, "peak_rss_bytes": peak}
+
+
+def tiktoken_env(encoding: str) -> dict:
+    """The shared scripts call tiktoken.get_encoding; offline, point them at a tiktoken cache
+    holding the packaged, hash-checked rank files."""
+    from tokenshards.encoders import OFFLINE_COPIES, prepare_offline_cache
+
+    env = dict(os.environ)
+    if "TIKTOKEN_CACHE_DIR" not in env and encoding in OFFLINE_COPIES:
+        env["TIKTOKEN_CACHE_DIR"] = str(prepare_offline_cache(encoding))
+    return env
+
+
+def run_script(script: str, args: list[str]) -> dict:
+    proc = subprocess.run([sys.executable, str(SHARED / script), *args], capture_output=True, text=True,
+                          env=tiktoken_env("gpt2"))
+    if proc.returncode:
+        raise SystemExit(f"{script} failed:\n{proc.stderr}")
+    line = proc.stdout.strip().splitlines()[-1]
+    fields = dict(kv.split("=") for kv in line.split()[1:])
+    return {"tokens": int(fields["tokens"]), "seconds": float(fields["seconds"]), "tokens_per_s": float(fields["tokens_per_s"])}
+
+
+def median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=float, default=200, help="text in the corpus (default 200 MB)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--memory-scale", type=float, default=4, help="second corpus size for the memory check (x --mb)")
+    ap.add_argument("--corpus-dir", type=Path, default=HERE / "corpus")
+    ap.add_argument("--out", type=Path, default=HERE / "results.json")
+    a = ap.parse_args()
+    if not (SHARED / "raw_limit.py").exists():
+        raise SystemExit(f"{SHARED}/raw_limit.py not found: the ceiling and baseline scripts live in shared/bench")
+
+    corpus, source = build_corpus(a.corpus_dir / f"{a.mb:g}mb", a.mb)
+    pattern = str(corpus / "**" / "*.parquet") if any(corpus.glob("*/**/*.parquet")) else str(corpus / "*.parquet")
+    files = sorted(Path(p) for p in __import__("glob").glob(pattern, recursive=True))
+    glob_arg = str(files[0].parent / "*.parquet")
+    from tokenshards.backends import _installed
+
+    backends = ["tiktoken"] + (["riptoken"] if _installed("riptoken") else [])
+    runs: dict[str, list[dict]] = {f"ours_{b}": [] for b in backends}
+    runs.update(ceiling=[], baseline=[])
+    with tempfile.TemporaryDirectory(prefix="tokenshards-bench-") as tmp:
+        scratch = Path(tmp)
+        for r in range(a.repeats):
+            for b in backends:
+                runs[f"ours_{b}"].append(run_ours(corpus, a.workers, b, scratch))
+            runs["ceiling"].append(run_script("raw_limit.py", [glob_arg, "--procs", str(a.workers)]))
+            runs["baseline"].append(run_script("peer_mp_pool.py", [glob_arg, str(scratch / "peer"), "--procs", str(a.workers)]))
+            shutil.rmtree(scratch / "peer", ignore_errors=True)
+            print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f} M tok/s"
+                                                         for k, v in runs.items()), file=sys.stderr)
+        memory = {}
+        if a.memory_scale:
+            big, _ = build_corpus(a.corpus_dir / f"{a.mb * a.memory_scale:g}mb", a.mb * a.memory_scale)
+            small_peak = median(runs["ours_tiktoken"], "peak_rss_bytes")
+            big_peak = run_ours(big, a.workers, "tiktoken", scratch)["peak_rss_bytes"]
+            memory = {"corpus_mb": [a.mb, a.mb * a.memory_scale], "peak_rss_bytes": [small_peak, big_peak],
+                      "growth": big_peak / small_peak}
+
+    ceiling = median(runs["ceiling"], "tokens_per_s")
+    baseline = median(runs["baseline"], "tokens_per_s")
+    results = {
+        "corpus": {"mb": a.mb, "files": len(files), "source": source}, "workers": a.workers, "repeats": a.repeats,
+        "medians_tokens_per_s": {k: median(v, "tokens_per_s") for k, v in runs.items()},
+        "ratios": {}, "memory": memory, "runs": runs,
+    }
+    for b in backends:
+        ours = runs[f"ours_{b}"]
+        results["ratios"][b] = {
+            "whole_command_vs_ceiling": median(ours, "tokens_per_s") / ceiling,
+            "tokenizing_phase_vs_ceiling": median(ours, "phase_tokens_per_s") / ceiling,
+            "whole_command_vs_mp_pool": median(ours, "tokens_per_s") / baseline,
+            "peak_rss_mb": median(ours, "peak_rss_bytes") / 1e6,
+        }
+    a.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"corpus: {a.mb:g} MB of text ({source}), {a.workers} workers, median of {a.repeats} interleaved runs")
+    print(f"ceiling (bare tiktoken x{a.workers}): {ceiling / 1e6:.2f} M tokens/s; mp.Pool baseline: {baseline / 1e6:.2f} M tokens/s")
+    for b, r in results["ratios"].items():
+        print(f"tokenshards --backend {b}: whole command {r['whole_command_vs_ceiling']:.2f} of ceiling, tokenizing phase "
+              f"{r['tokenizing_phase_vs_ceiling']:.2f}, {r['whole_command_vs_mp_pool']:.2f}x mp.Pool, peak RSS {r['peak_rss_mb']:.0f} MB")
+    if memory:
+        print(f"peak RSS at {a.mb:g} MB vs {a.mb * a.memory_scale:g} MB of text: x{memory['growth']:.2f}")
+    print(f"written to {a.out}")
+
+
+if __name__ == "__main__":
+    main()
