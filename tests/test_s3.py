@@ -173,22 +173,36 @@ def test_endpoint_from_the_environment():
 
 # -- the job, S3 on either side ---------------------------------------------------------------
 
-def test_s3_to_s3(s3, cluster, corpus, gpt2, tmp_path):
+def test_s3_to_s3_then_a_rerun_resumes(s3, cluster, corpus, gpt2, tmp_path):
     out_bucket = s3.make_bucket()
-    summary = run_tokenize(s3_config(s3, cluster, [f"s3://{corpus['bucket']}/fineweb/*.parquet"],
-                                     f"s3://{out_bucket}/tokens/run1"), announce=lambda m: None)
-    assert summary.partitions > 4
-    keys = download(s3, f"{out_bucket}/tokens/run1", tmp_path / "out")
-    check_against_tiktoken(tmp_path / "out", corpus["texts"], gpt2)
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    config = s3_config(s3, cluster, [f"s3://{corpus['bucket']}/fineweb/*.parquet"], f"s3://{out_bucket}/tokens/run1")
+    first = run_tokenize(config, announce=lambda m: None)
+    assert first.partitions > 4
+    keys = download(s3, f"{out_bucket}/tokens/run1", tmp_path / "first")
+    check_against_tiktoken(tmp_path / "first", corpus["texts"], gpt2)
+    manifest = json.loads((tmp_path / "first" / "manifest.json").read_text())
     assert [i["path"] for i in manifest["inputs"]] == [f"s3://{corpus['bucket']}/fineweb/a.parquet",
                                                        f"s3://{corpus['bucket']}/fineweb/b.parquet"]
-    n = len(manifest["partitions"])
-    # Only the run's own objects: no write probe, no temporaries.
+    # Only the run's own objects: no write probe, no temporaries; no credentials in any of them.
     assert set(keys) == {"manifest.json", "tokenshards-job.json"} | {
-        f"parts/part-{i:05d}.{ext}" for i in range(n) for ext in ("tokens.npy", "docs.parquet", "done.json")}
-    everything = b"".join((tmp_path / "out" / k).read_bytes() for k in keys)
+        f"parts/part-{i:05d}.{ext}" for i in range(first.partitions) for ext in ("tokens.npy", "docs.parquet", "done.json")}
+    everything = b"".join((tmp_path / "first" / k).read_bytes() for k in keys)
     assert s3.secret.encode() not in everything and s3.key.encode() not in everything
+
+    # A run that died: two partitions never committed (one left its tokens behind), no manifest.
+    fs = s3.fs()
+    run = f"{out_bucket}/tokens/run1"
+    fs.rm([f"{run}/manifest.json", f"{run}/parts/part-00001.done.json", f"{run}/parts/part-00003.done.json",
+           f"{run}/parts/part-00003.tokens.npy", f"{run}/parts/part-00003.docs.parquet"])
+    notes: list[str] = []
+    again = run_tokenize(config, announce=notes.append)
+    assert again.skipped_partitions == first.partitions - 2
+    assert any(f"{first.partitions - 2} already committed" in n for n in notes)
+    assert download(s3, run, tmp_path / "again") == keys
+    for key in keys:
+        if key != "manifest.json":
+            assert (tmp_path / "first" / key).read_bytes() == (tmp_path / "again" / key).read_bytes(), key
+    assert json.loads((tmp_path / "again" / "manifest.json").read_text())["partitions"] == manifest["partitions"]
 
 
 def test_local_to_s3_and_s3_to_local_give_identical_parts(s3, cluster, corpus, gpt2, tmp_path):
@@ -202,33 +216,6 @@ def test_local_to_s3_and_s3_to_local_give_identical_parts(s3, cluster, corpus, g
                  announce=lambda m: None)
     check_against_tiktoken(tmp_path / "to-local", corpus["texts"], gpt2)
     assert part_files(tmp_path / "from-local") == part_files(tmp_path / "to-local")
-
-
-def test_rerun_resumes_on_s3(s3, cluster, corpus, tmp_path):
-    out_bucket = s3.make_bucket()
-    config = s3_config(s3, cluster, [f"s3://{corpus['bucket']}/fineweb/*.parquet"], f"s3://{out_bucket}/run")
-    first = run_tokenize(config, announce=lambda m: None)
-    download(s3, f"{out_bucket}/run", tmp_path / "first")
-    # A run that died: two partitions never committed (one left its tokens behind), no manifest.
-    fs = s3.fs()
-    fs.rm([f"{out_bucket}/run/manifest.json", f"{out_bucket}/run/parts/part-00001.done.json",
-           f"{out_bucket}/run/parts/part-00003.done.json", f"{out_bucket}/run/parts/part-00003.tokens.npy",
-           f"{out_bucket}/run/parts/part-00003.docs.parquet"])
-    notes: list[str] = []
-    again = run_tokenize(config, announce=notes.append)
-    assert again.skipped_partitions == first.partitions - 2
-    assert any(f"{first.partitions - 2} already committed" in n for n in notes)
-    download(s3, f"{out_bucket}/run", tmp_path / "again")
-    first_files = sorted(p.relative_to(tmp_path / "first") for p in (tmp_path / "first").rglob("*") if p.is_file())
-    again_files = sorted(p.relative_to(tmp_path / "again") for p in (tmp_path / "again").rglob("*") if p.is_file())
-    assert first_files == again_files
-    for rel in first_files:
-        if rel.name.endswith(".done.json") or rel.name == "manifest.json":
-            continue
-        assert (tmp_path / "first" / rel).read_bytes() == (tmp_path / "again" / rel).read_bytes(), rel
-    strip = lambda m: {k: v for k, v in m.items() if k not in ("created", "finished", "seconds")}  # noqa: E731
-    assert strip(json.loads((tmp_path / "first" / "manifest.json").read_text())) == \
-        strip(json.loads((tmp_path / "again" / "manifest.json").read_text()))
 
 
 # -- pre-flight: one line naming the URL, before any tokenizing ---------------------------------
@@ -269,6 +256,28 @@ def test_unreachable_endpoint(cluster, s3):
     with pytest.raises(UserError, match=r"^input s3://src/x/\*\.parquet: cannot reach the storage endpoint; check AWS_ENDPOINT_URL") as info:
         run_tokenize(config)
     assert "\n" not in str(info.value)
+
+
+def test_a_worker_without_credentials_is_a_one_line_error(s3, cluster, corpus, monkeypatch):
+    """The client finds credentials in its environment, the session's workers (spawned earlier)
+    have none: the workers' failure is named, not a traceback."""
+    if any(cluster_env.get("AWS_ACCESS_KEY_ID") for cluster_env in _worker_envs(cluster).values()):
+        pytest.skip("the session's workers were started with AWS credentials in their environment")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret)
+    config = TokenizeConfig(inputs=(f"s3://{corpus['bucket']}/fineweb/a.parquet",), out=f"s3://{corpus['bucket']}/nocreds",
+                            scheduler=cluster.scheduler_address, progress="none",
+                            storage_options={"client_kwargs": {"endpoint_url": s3.endpoint_url, "region_name": REGION}})
+    with pytest.raises(UserError, match=rf"^s3://{corpus['bucket']}/fineweb/a\.parquet: a worker could not read it "
+                                        r"\(NoCredentialsError: .*\); check that every worker has credentials"):
+        run_tokenize(config)
+
+
+def _worker_envs(cluster) -> dict:
+    from distributed import Client
+
+    with Client(cluster.scheduler_address) as client:
+        return client.run(lambda: {k: v for k, v in __import__("os").environ.items() if k.startswith("AWS_")})
 
 
 # -- the command line ------------------------------------------------------------------------

@@ -128,6 +128,12 @@ def _read_metadata(client: Client, sources, config: TokenizeConfig) -> tuple[lis
                          storage_options=config.storage_options, pure=False)
     try:
         results = client.gather(futures)
+    except UserError:
+        raise
+    except Exception as e:  # botocore's own errors on a worker: no credentials there, no route to the store
+        url = next((s.url for s, f in zip(sources, futures) if f.status == "error"), "an input")
+        raise UserError(f"{url}: a worker could not read it ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                        "check that every worker has credentials and network access to the inputs") from e
     finally:
         client.cancel(futures)
     return [r for r in results if isinstance(r, InputFile)], [r for r in results if isinstance(r, BadInput)]
