@@ -272,12 +272,26 @@ def test_from_s3_to_s3_matches_local(cluster, corpus, s3, tmp_path):  # noqa: F8
         if path.is_file():
             fs.put_file(str(path), f"{bucket}/out/{path.relative_to(out).as_posix()}")
     local = export(cluster, out, tmp_path / "local", format="megatron", val_tokens=VAL)
+    for key in ("megatron/fineweb_text_document.bin", "megatron/other.bin"):  # as a killed export leaves them
+        fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)
     run_export(ExportConfig(out=f"s3://{bucket}/out", to=f"s3://{bucket}/megatron", format="megatron", val_tokens=VAL,
                             storage_options=s3.storage_options, scheduler=cluster.scheduler_address), announce=lambda m: None)
     for name in ("fineweb_text_document.bin", "fineweb_text_document.idx", "fineweb_val_text_document.bin",
                  "fineweb_val_text_document.idx"):
         assert fs.cat_file(f"{bucket}/megatron/{name}") == (local / name).read_bytes(), name
-    assert fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", []) == []
+    assert [u["Key"] for u in fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])] == ["megatron/other.bin"]
+    with pytest.raises(UserError, match=r"export destination s3://no-such-bucket-x/d: bucket 'no-such-bucket-x' does not exist"):
+        run_export(ExportConfig(out=str(out), to="s3://no-such-bucket-x/d", format="llmc", val_tokens=VAL,
+                                storage_options=s3.storage_options, scheduler=cluster.scheduler_address), announce=lambda m: None)
+
+
+def test_killed_exports_temporaries_are_cleared(cluster, corpus, tmp_path):
+    dest = tmp_path / "d"
+    dest.mkdir()
+    (dest / "fineweb_train_000001.bin.0123abcd.tmp").write_bytes(b"half")
+    (dest / "notes.txt.0123abcd.tmp").write_bytes(b"someone else's")
+    export(cluster, corpus["gpt2"], dest, format="llmc", val_tokens=VAL)
+    assert sorted(p.name for p in dest.glob("*.tmp")) == ["notes.txt.0123abcd.tmp"]
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])

@@ -6,6 +6,7 @@ about the output depends on the cluster: same OUT and options, identical files.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import posixpath
 import time
 import uuid
@@ -19,7 +20,7 @@ from ..cluster import connect
 from ..errors import UserError
 from ..progress import human
 from ..reader import open_manifest
-from ..store import display_url, filesystem, join, write_json
+from ..store import check_bucket, display_url, filesystem, is_local, is_s3, join, write_json
 from . import formats, valsplit
 from .layout import Chunk, Streams, chunk_file
 from .write import (PartInfo, Source, Target, abort_target, commit_target, open_target, part_size, partition_candidates,
@@ -125,6 +126,7 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
 
     dest_fs, dest_root = filesystem(config.to, config.storage_options)
     kind = target_kind(dest_fs)
+    check_bucket(dest_fs, dest_root, config.to, what="export destination")
     _prepare_dest(dest_fs, dest_root, config)
 
     with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
@@ -179,12 +181,38 @@ def _prepare_dest(fs, root: str, config: ExportConfig) -> None:
     try:
         for path in found:
             fs.rm(path)
+        _clear_unfinished(fs, root, patterns)
         fs.makedirs(root, exist_ok=True)
         probe = join(root, f".tokenshards-write-probe-{uuid.uuid4().hex}")
         fs.pipe_file(probe, b"ok")
         fs.rm(probe)
     except Exception as e:
         raise UserError(f"cannot write to {config.to!r}: {type(e).__name__}: {e}; choose another --to or fix its permissions") from e
+
+
+def _clear_unfinished(fs, root: str, patterns: list[str]) -> None:
+    """What a killed export of these names left: local ``NAME.<uuid>.tmp`` files, or S3 multipart
+    uploads (never visible, but billed until aborted)."""
+    def ours(path: str) -> bool:
+        return any(fnmatch.fnmatchcase(posixpath.basename(path), p) for p in patterns)
+
+    if is_local(fs):
+        for path in fs.glob(join(root, "*.tmp")):
+            if ours(path.rsplit(".", 2)[0]):
+                fs.rm(path)
+        return
+    if not is_s3(fs):
+        return
+    bucket, _, key_prefix = root.partition("/")
+    markers: dict = {}
+    while True:
+        page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key_prefix.rstrip("/") + "/", **markers)
+        for upload in page.get("Uploads", []):
+            if ours(upload["Key"]):
+                fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+        if not page.get("IsTruncated"):
+            return
+        markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
 
 
 def _val_candidates(client: Client, parts: list[PartInfo], *, source: Source, val_tokens: int) -> np.ndarray:
