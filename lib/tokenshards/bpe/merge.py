@@ -2,8 +2,10 @@
 
 Each merge touches only the words that hold the chosen pair (found through a pair → words
 index), updates pair counts by local deltas around each occurrence, and finds the next pair
-with a heap whose stale entries are skipped when popped (lazy invalidation). Nothing here is
-parallel: spawning processes per merge step costs more than the step itself.
+with a heap whose stale entries are skipped when popped (lazy invalidation). Words are
+rewritten in place with ``list.count``/``list.index``, which scan at C speed, so a long word
+costs little when the pair is rare in it. Nothing here is parallel: spawning processes per
+merge step costs more than the step itself.
 
 Ties in count go to the lexicographically greater pair of byte strings (``(bytes_a, bytes_b)``),
 as in common reference implementations, so the same counts always give the same ranks,
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -56,7 +59,7 @@ def train_merges(words: Iterable[tuple[bytes, int]], *, n_ranks: int,
 
     seqs: list[list[int]] = []
     counts: list[int] = []
-    pair_counts: dict[int, int] = {}
+    pair_counts: defaultdict[int, int] = defaultdict(int)
     where: dict[int, set[int]] = {}
     for raw, n in words:
         if len(raw) < 2 or n <= 0:
@@ -67,7 +70,7 @@ def train_merges(words: Iterable[tuple[bytes, int]], *, n_ranks: int,
         counts.append(n)
         for i in range(len(seq) - 1):
             key = seq[i] << SHIFT | seq[i + 1]
-            pair_counts[key] = pair_counts.get(key, 0) + n
+            pair_counts[key] += n
             s = where.get(key)
             if s is None:
                 where[key] = {w}
@@ -98,7 +101,8 @@ def train_merges(words: Iterable[tuple[bytes, int]], *, n_ranks: int,
         a, b = key >> SHIFT, key & LOW
         merged = token_bytes[a] + token_bytes[b]
         c = ranks.get(merged)
-        if c is None:
+        is_new = c is None
+        if is_new:
             c = len(token_bytes)
             token_bytes.append(merged)
             order.append(_order_key(merged))
@@ -107,64 +111,67 @@ def train_merges(words: Iterable[tuple[bytes, int]], *, n_ranks: int,
             duplicates += 1
         merges.append((a, b))
 
-        # Rewrite every word holding (a, b); count changes only next to each occurrence.
+        # Rewrite every word holding (a, b) in place; counts change only next to each occurrence.
         del pair_counts[key]
-        grown: set[int] = set()
+        fresh: list[int] = []  # pairs first seen in this merge: the only counts that grew
+        touched: list[int] = []
         for w in where.pop(key):
             seq = seqs[w]
-            last = len(seq) - 1
+            remaining = seq.count(a)  # C-speed scans; no exception ends the loop
             n = counts[w]
-            out: list[int] = []
-            done = i = 0  # seq[:done] is already in out; look for a from i on
-            while True:
-                try:  # list.index scans at C speed: most of a long word is skipped, not looped over
-                    i = seq.index(a, i, last)
-                except ValueError:
+            i = 0
+            hit = False
+            while remaining:
+                i = seq.index(a, i)
+                remaining -= 1
+                if i + 1 == len(seq):
                     break
                 if seq[i + 1] != b:
                     i += 1
                     continue
-                if i > done:
-                    out.extend(seq[done:i])
-                if out:
-                    prev = out[-1]
-                    k = prev << SHIFT | a
-                    pair_counts[k] = get(k, 0) - n
+                if a == b:
+                    remaining -= 1  # the second a is consumed by this merge
+                hit = True
+                if i:
+                    prev = seq[i - 1]
+                    pair_counts[prev << SHIFT | a] -= n
                     k = prev << SHIFT | c
-                    pair_counts[k] = get(k, 0) + n
-                    grown.add(k)
+                    pair_counts[k] += n
                     s = where.get(k)
                     if s is None:
                         where[k] = {w}
+                        fresh.append(k)
                     else:
                         s.add(w)
-                if i + 2 <= last:
+                if i + 2 < len(seq):
                     nxt = seq[i + 2]
-                    k = b << SHIFT | nxt
-                    pair_counts[k] = get(k, 0) - n
+                    pair_counts[b << SHIFT | nxt] -= n
                     k = c << SHIFT | nxt
-                    pair_counts[k] = get(k, 0) + n
-                    grown.add(k)
+                    pair_counts[k] += n
                     s = where.get(k)
                     if s is None:
                         where[k] = {w}
+                        fresh.append(k)
                     else:
                         s.add(w)
-                out.append(c)
-                i += 2
-                done = i
-            if done:  # 0: a stale index entry, the word no longer holds the pair
-                out.extend(seq[done:])
-                seqs[w] = out
-        # A pair that fell to zero must not linger: the heap trusts ``pair_counts``.
+                seq[i] = c
+                del seq[i + 1]
+                i += 1
+            if hit:
+                touched.append(w)
+        # With a == b, "aaa" decremented (a, a) again after it was deleted above.
+        pair_counts.pop(key, None)
+        if is_new:
+            grown = fresh
+        else:  # c was a token already: pairs holding it may predate this merge
+            grown = {seq[j] << SHIFT | seq[j + 1] for seq in (seqs[w] for w in touched)
+                     for j in range(len(seq) - 1) if seq[j] == c or seq[j + 1] == c}
         for k in grown:
             n = pair_counts[k]
             if n > 0:
                 push(heap, (-n, order[k >> SHIFT], order[k & LOW], k))
             elif n == 0:
                 del pair_counts[k]
-        # With a == b, "aaa" decremented (a, a) again after it was deleted above.
-        pair_counts.pop(key, None)
         if on_progress is not None and len(merges) >= next_report:
             next_report += progress_every
             on_progress(len(token_bytes), n_ranks)

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""train-bpe against Hugging Face ``tokenizers``' BPE trainer: same text, same vocab size.
+
+    python bench/bpe_vs_tokenizers.py                          # the demo corpus (CPython's docs)
+    python bench/bpe_vs_tokenizers.py --input 'DIR/**/*.parquet' --vocab-size 32768 --workers 2
+
+Both train on the same documents: every row except each file's every 100th (row % 100 == 99),
+which both are then measured on (UTF-8 bytes per token). ``tokenizers`` gets GPT-2's byte-level
+pre-tokenizer (the same split as our ``--pattern gpt2``), ``<|endoftext|>`` as its one special
+token and the 256-byte initial alphabet, so both vocabularies hold the same kinds of tokens.
+Ours runs the real job (LocalCluster counting, client merging); its cluster start-up is shown
+apart. Wall time and CPU time of this process are both shown: the machine may be shared.
+Needs the ``test`` extra (``tokenizers``). Not run by the tests.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+HOLDOUT_EVERY = 100
+
+
+def read_split(pattern: str, *, text_column: str = "text") -> tuple[list[str], list[str]]:
+    """(training texts, held-back texts) by the rule train-bpe uses: row % 100 == 99 is held back."""
+    train, heldout = [], []
+    for path in sorted(glob.glob(pattern, recursive=True)):
+        for row, text in enumerate(pq.read_table(path, columns=[text_column]).column(0).to_pylist()):
+            if text:
+                (heldout if row % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 else train).append(text)
+    return train, heldout
+
+
+def train_tokenizers(texts: list[str], *, vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return tok
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--input", help="parquet glob (default: the demo corpus, built in a temporary folder)")
+    ap.add_argument("--vocab-size", type=int, default=32768)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+
+    from distributed import LocalCluster
+
+    from tokenshards.bpe.train import TrainBpeConfig, run_train_bpe
+    from tokenshards.demo import build_demo_corpus
+    from tokenshards.encoders import load_encoding
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pattern = args.input
+        if pattern is None:
+            build_demo_corpus(Path(tmp) / "demo")
+            pattern = str(Path(tmp) / "demo" / "*.parquet")
+        train, heldout = read_split(pattern)
+        train_bytes = sum(len(t.encode()) for t in train)
+        heldout_bytes = sum(len(t.encode()) for t in heldout)
+        print(f"text: {train_bytes / 1e6:.2f} MB in {len(train)} documents to train on, "
+              f"{heldout_bytes / 1e6:.3f} MB in {len(heldout)} held back; vocab size {args.vocab_size}")
+
+        t = time.perf_counter()
+        with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                          silence_logs=logging.CRITICAL) as cluster:
+            startup = time.perf_counter() - t
+            out = str(Path(tmp) / "bench.tiktoken")
+            config = TrainBpeConfig(inputs=(pattern,), out=out, vocab_size=args.vocab_size, scheduler=cluster.scheduler_address,
+                                    progress="none", heldout_bytes=10**12)
+            cpu, wall = time.process_time(), time.perf_counter()
+            ours = run_train_bpe(config, announce=lambda msg: None)
+            ours_wall, ours_cpu = time.perf_counter() - wall, time.process_time() - cpu
+        enc = load_encoding(out).encoding
+        ours_tokens = sum(len(enc.encode_ordinary(t)) for t in heldout)
+
+        cpu, wall = time.process_time(), time.perf_counter()
+        tok = train_tokenizers(train, vocab_size=args.vocab_size)
+        hf_wall, hf_cpu = time.perf_counter() - wall, time.process_time() - cpu
+        hf_tokens = sum(len(e.ids) for e in tok.encode_batch(heldout))
+        assert all(tok.decode(tok.encode(t).ids) == t for t in heldout[:20])
+
+    print(f"{'':24}{'wall s':>8}{'cpu s':>8}{'n_vocab':>9}{'bytes/token':>13}")
+    print(f"{'tokenshards train-bpe':24}{ours_wall:8.2f}{ours_cpu:8.2f}{enc.n_vocab:9d}{heldout_bytes / ours_tokens:13.4f}"
+          f"   (counting {ours.count_seconds:.2f} s on {args.workers} workers, merging {ours.merge_seconds:.2f} s, "
+          f"checking+writing {ours.check_seconds:.2f} s; cluster start-up {startup:.2f} s not included; "
+          f"cpu is the client's only)")
+    print(f"{'tokenizers BpeTrainer':24}{hf_wall:8.2f}{hf_cpu:8.2f}{tok.get_vocab_size():9d}{heldout_bytes / hf_tokens:13.4f}")
+    print(f"ratio (ours / tokenizers): time {ours_wall / hf_wall:.2f}x, compression "
+          f"{(heldout_bytes / ours_tokens) / (heldout_bytes / hf_tokens):.4f}")
+
+
+if __name__ == "__main__":
+    main()
