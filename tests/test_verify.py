@@ -286,6 +286,13 @@ def test_cli_clean_run(run, cluster, capsys):
         f"{totals['tokens']:,} tokens, 3 documents re-tokenized: OK"]
 
 
+def test_cli_cluster_config(run, cluster, tmp_path, capsys):
+    config = tmp_path / "here.yaml"
+    config.write_text(f"kind: scheduler\naddress: {cluster.scheduler_address}\n")
+    assert main(["verify", str(run), "--cluster", str(config)]) == 0
+    assert capsys.readouterr().out.endswith(" tokens: OK\n")
+
+
 def test_cli_damaged_run_exits_1_with_a_line_per_problem(copy, cluster):
     (copy / v1.done_file(0)).unlink()
     (copy / "parts" / "stray.npy").write_bytes(b"x")

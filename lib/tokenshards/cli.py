@@ -238,6 +238,7 @@ def _add_verify(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="which documents --deep picks (default 0)")
     p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
     p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
+    p.add_argument("--cluster", metavar="CONFIG.yaml", help="cluster config, as for tokenize (cluster_configs/*.yaml)")
     p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT and (with --deep) the inputs; repeatable")
@@ -248,7 +249,8 @@ def _run_verify(args) -> int:
     from .verify import VerifyConfig, run_verify
 
     config = VerifyConfig(out=args.out, deep=args.deep, seed=args.seed, storage_options=_storage_options(args.storage_option),
-                          workers=args.workers, scheduler=args.scheduler, dashboard_address=args.dashboard_address)
+                          workers=args.workers, scheduler=args.scheduler, cluster_config=args.cluster,
+                          dashboard_address=args.dashboard_address)
     report = run_verify(config, announce=_say)
     for line in report.lines():
         print(line)

@@ -51,6 +51,8 @@ class VerifyConfig:
     storage_options: dict = field(default_factory=dict)
     workers: int | None = None
     scheduler: str | None = None
+    cluster_config: str | None = None
+    """A ``cluster_configs/*.yaml``: verify where the run was made (SLURM, Kubernetes, SSH...)."""
     dashboard_address: str = ":8787"
 
     def __post_init__(self):
@@ -529,8 +531,8 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     sample = choose_sample([(e["index"], int(e["docs"])) for e in entries], n=config.deep, seed=config.seed) \
         if loaded is not None else {}
 
-    with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
-                 announce=announce) as client:
+    with connect(workers=config.workers, scheduler=config.scheduler, cluster_config=config.cluster_config,
+                 dashboard_address=config.dashboard_address, announce=announce) as client:
         if loaded is not None:
             client.register_plugin(EncoderPlugin(loaded))
             expected = dataclasses.replace(expected, encoder_plugin=plugin_name(loaded))
