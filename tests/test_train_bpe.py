@@ -227,8 +227,29 @@ def test_loader_refuses_a_sidecar_from_another_run(trained, tmp_path):
     (tmp_path / "copy.tiktoken.json").write_text(Path(str(out) + ".json").read_text())
     with pytest.raises(UserError, match=r"copy\.tiktoken: sha256 .* differs from the one its sidecar .* records"):
         load_encoding(str(copy))
-    with pytest.raises(UserError, match=r"encoding sidecar '.*nothere\.tiktoken\.json' not found; train one"):
+    with pytest.raises(UserError, match=r"encoding sidecar '.*nothere\.tiktoken\.json' not found; train one with "
+                                         r"`tokenshards train-bpe --out .*nothere\.tiktoken`"):
         load_encoding(str(tmp_path / "nothere.tiktoken"))
+
+
+def test_loads_from_a_url(trained):
+    """--encoding https://.../NAME.tiktoken: read through fsspec, never through tiktoken's path cache."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    _, out = trained
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(out.parent))
+    handler.log_message = lambda *args: None
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/{out.name}"
+            loaded = load_encoding(url)
+            assert loaded.params["mergeable_ranks"] == load_encoding(str(out)).params["mergeable_ranks"]
+            assert loaded.encoding.name == url
+        finally:
+            server.shutdown()
 
 
 # -- the whole job on the cluster --

@@ -140,13 +140,13 @@ def check_writable(out: str, storage_options: dict | None = None) -> None:
         raise UserError(f"cannot write {out!r}: {type(e).__name__}: {e}; choose another --out or fix its permissions") from e
 
 
-def _read(url: str, storage_options: dict | None, what: str) -> bytes:
+def _read(url: str, storage_options: dict | None, what: str, *, ranks_path: str) -> bytes:
     fs, path = filesystem(url, storage_options)
     try:
         with fs.open(path, "rb") as f:
             return f.read()
     except FileNotFoundError as e:
-        raise UserError(f"{what} {url!r} not found; train one with `tokenshards train-bpe --out {url}`") from e
+        raise UserError(f"{what} {url!r} not found; train one with `tokenshards train-bpe --out {ranks_path}`") from e
     except OSError as e:
         raise UserError(f"cannot read {what} {url!r}: {type(e).__name__}: {e}") from e
 
@@ -158,13 +158,13 @@ def load_trained(path: str, *, storage_options: dict | None = None):
 
     meta_url = sidecar_path(path)
     try:
-        meta = json.loads(_read(meta_url, storage_options, "encoding sidecar"))
+        meta = json.loads(_read(meta_url, storage_options, "encoding sidecar", ranks_path=path))
     except ValueError as e:
         raise UserError(f"{meta_url}: not valid JSON ({e}); retrain with `tokenshards train-bpe`") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise UserError(f"{meta_url}: not a {FORMAT} sidecar (format={meta.get('format') if isinstance(meta, dict) else None!r}); "
                         "retrain with `tokenshards train-bpe`")
-    data = _read(path, storage_options, "ranks file")
+    data = _read(path, storage_options, "ranks file", ranks_path=path)
     digest = hashlib.sha256(data).hexdigest()
     if digest != meta.get("ranks_sha256"):
         raise UserError(f"{path}: sha256 {digest[:16]}… differs from the one its sidecar {meta_url} records "
