@@ -125,6 +125,8 @@ def test_listing_pins_a_commit_and_follows_pages(server, tmp_path):
         data = (server.root / f.path).read_bytes()
         assert (f.size, f.etag) == (len(data), hashlib.sha256(data).hexdigest())
     assert any("cursor=" in r.path for r in server.requests)  # the tree listing was paginated
+    assert listing.record() == {"repo": REPO, "revision": "main", "commit": server.commit, "folder": "sample/10BT",
+                                "files": 3, "bytes": sum(f.size for f in listing.files)}
 
 
 def test_a_server_that_lists_only_the_root_still_works(repo_root, tmp_path):

@@ -125,6 +125,11 @@ class HubListing:
     def describe(self) -> str:
         return f"{self.repo}@{self.revision} (commit {self.commit[:12]}) {self.folder}"
 
+    def record(self) -> dict:
+        """For a manifest's extra keys: which dataset, at which commit, the inputs came from."""
+        return {"repo": self.repo, "revision": self.revision, "commit": self.commit, "folder": self.folder,
+                "files": len(self.files), "bytes": self.bytes}
+
 
 # -- pure helpers --
 
