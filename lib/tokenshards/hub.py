@@ -4,9 +4,10 @@ Every request goes through huggingface_hub (``HfApi``, ``hf_hub_download``), so 
 HF_TOKEN, HF_HOME/HF_HUB_CACHE and HF_HUB_OFFLINE mean what they mean to it, and its cache
 layout, per-blob file locks and private temporary ``.incomplete`` files are what keep a
 partial download from ever being read. On top of it this module adds what a batch job needs:
-one pinned commit for the whole run, a size/etag check of every file against the listing, a
-disk-space check before anything is fetched, and retries of the transient errors that
-huggingface_hub hands back to its caller (a 5xx on a download's GET, on repo info).
+one pinned commit for the whole run, a size check of every file against the listing (etags are
+huggingface_hub's own: it keys blobs by them), a disk-space check before anything is fetched,
+and retries of the transient errors it hands back to its caller (a 5xx on a download's GET, on
+repo info).
 
 Two ways to fetch (``fetch``):
 
