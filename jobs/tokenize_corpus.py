@@ -1,4 +1,4 @@
-"""Job entry point: `python jobs/tokenize.py --input ... --out ...` (same as `tokenshards tokenize`)."""
+"""Job entry point: `python jobs/tokenize_corpus.py --input ... --out ...` (same as `tokenshards tokenize`)."""
 import sys
 
 from tokenshards.cli import main

@@ -11,6 +11,7 @@ import pytest
 from conftest import write_parquet
 from readback import read_documents
 from tokenshards.errors import InputError, OutputConflict, UserError
+from tokenshards.verify import VerifyConfig, run_verify
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 TEXTS = [f"document number {i} with some words in it" for i in range(200)]
@@ -59,7 +60,7 @@ def test_corrupt_pages_fail_the_job_naming_the_row_groups(tokenize, good, tmp_pa
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
-def test_skip_records_unreadable_files_and_partitions(tokenize, good, tmp_path, gpt2):
+def test_skip_records_unreadable_files_and_partitions(tokenize, good, tmp_path, cluster):
     broken = tmp_path / "in" / "broken.parquet"
     broken.write_bytes(b"garbage")
     pages = write_parquet(tmp_path / "in" / "pages.parquet", {"text": TEXTS}, row_group_size=100)
@@ -72,6 +73,10 @@ def test_skip_records_unreadable_files_and_partitions(tokenize, good, tmp_path, 
     assert skipped["pages.parquet"]["row_groups"] == [0, 2]
     docs = read_documents(out)
     assert {Path(k[0]).name for k in docs} == {"good.parquet"} and summary.docs == 200
+    # The skipped partition leaves a gap in the indices that verify accounts for.
+    report = run_verify(VerifyConfig(out=str(out), scheduler=cluster.scheduler_address), announce=lambda m: None)
+    assert report.ok, report.problems
+    assert manifest["planned_partitions"] == len(manifest["partitions"]) + 1
 
 
 def test_path_matching_nothing(tokenize, tmp_path):

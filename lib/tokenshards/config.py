@@ -10,8 +10,11 @@ from .hub import HubDataset
 EOT_POSITIONS = ("prefix", "suffix", "none")
 ON_BAD_FILE = ("fail", "skip")
 DEFAULT_PARTITION_BYTES = 8 * 1024 * 1024
-"""Text bytes per partition: ~1.5 s of tiktoken on one core, so 2 cores stay busy to the end
-of a 200 MB corpus and a 1,024-core cluster still gets ~10^5 tasks per 1 TB (see docs/scaling.md)."""
+"""Text bytes per partition for corpora up to ~128 GB of text: ~1.5 s of tiktoken on one core, so
+the last wave of tasks idles cores only briefly, while Dask's ~1 ms per task stays noise."""
+MAX_AUTO_PARTITIONS = 16_384
+"""Past this many partitions the automatic size grows instead, so the client's records, the
+manifest and the scheduler's task count stay bounded whatever the corpus (docs/scaling.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,7 +28,8 @@ class TokenizeConfig:
     text_column: str = "text"
     id_column: str | None = None
     """None: use the source's ``id`` column when present, else ``"<file>:<row>"``."""
-    partition_bytes: int = DEFAULT_PARTITION_BYTES
+    partition_bytes: int | None = None
+    """Text per partition; None: ``auto_partition_bytes`` of the corpus (never the cluster)."""
     on_bad_file: str = "fail"
     backend: str = "auto"
     """Tokenizer implementation: never changes the ids (a fast one is verified against tiktoken)."""
@@ -49,12 +53,20 @@ class TokenizeConfig:
             raise UserError(f"eot_position={self.eot_position!r} not supported, expected one of {EOT_POSITIONS}")
         if self.on_bad_file not in ON_BAD_FILE:
             raise UserError(f"on_bad_file={self.on_bad_file!r} not supported, expected one of {ON_BAD_FILE}")
-        if self.partition_bytes < 1:
+        if self.partition_bytes is not None and self.partition_bytes < 1:
             raise UserError(f"partition_bytes={self.partition_bytes} must be positive")
         if self.workers is not None and self.workers < 1:
             raise UserError(f"workers={self.workers} must be at least 1")
         if self.progress not in ("auto", "bar", "log", "none"):
             raise UserError(f"progress={self.progress!r} not supported, expected auto, bar, log or none")
 
+    def resolved_partition_bytes(self, corpus_text_bytes: int) -> int:
+        return self.partition_bytes or auto_partition_bytes(corpus_text_bytes)
+
     def replace(self, **changes) -> "TokenizeConfig":
         return dataclasses.replace(self, **changes)
+
+
+def auto_partition_bytes(corpus_text_bytes: int) -> int:
+    """8 MiB, or more when that would make over MAX_AUTO_PARTITIONS partitions."""
+    return max(DEFAULT_PARTITION_BYTES, -(-corpus_text_bytes // MAX_AUTO_PARTITIONS))

@@ -110,7 +110,7 @@ def _tiktoken_cache_dir(path: Path):
             os.environ["TIKTOKEN_CACHE_DIR"] = old
 
 
-def _offline_cache(name: str) -> Path:
+def prepare_offline_cache(name: str) -> Path:
     """A tiktoken cache folder filled from the packaged copies (file name: sha1 of the URL)."""
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenshards" / "tiktoken"
     cache.mkdir(parents=True, exist_ok=True)
@@ -150,7 +150,7 @@ def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: No
                 f"encoding {name!r} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
                 f"offline copies exist only for {', '.join(OFFLINE_COPIES)}: set TIKTOKEN_CACHE_DIR to a folder holding its rank files"
             ) from e
-        with _tiktoken_cache_dir(_offline_cache(name)):
+        with _tiktoken_cache_dir(prepare_offline_cache(name)):
             try:
                 params = constructors[name]()
             except ValueError as e2:  # tiktoken's "Hash mismatch" for a damaged copy

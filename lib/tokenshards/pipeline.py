@@ -14,6 +14,7 @@ from distributed import Client, as_completed, performance_report
 from . import hub, manifest
 from .cluster import connect
 from .config import TokenizeConfig
+from .backends import backend_version, choose_backend
 from .encoders import EncoderPlugin, load_encoding, plugin_name
 from .errors import UserError
 from .partition import FRAME_META, RECORD_META, PartitionJob, read_piece, tokenize_and_write
@@ -63,6 +64,8 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     encoding_notes: list[str] = []
     loaded = load_encoding(config.encoding, announce=encoding_notes.append)
     spec = loaded.spec
+    backend, backend_note = choose_backend(config.backend, loaded.encoding, loaded.params)
+    encoding_notes.append(f"tokenizer: {backend_note}")
     listing = hub.list_files(config.hub) if config.hub else None
     if listing is not None and config.hub.fetch == "client":
         sources += hub.download(config.hub, listing, announce=announce)
@@ -78,10 +81,11 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
             raise UserError("every input was skipped as unreadable; nothing to tokenize")
         for b in bad:
             announce(f"skipping unreadable input: {b.reason}")
-        pieces = plan_pieces(files, target_bytes=config.partition_bytes)
+        partition_bytes = config.resolved_partition_bytes(sum(sum(f.row_group_text_bytes) for f in files))
+        pieces = plan_pieces(files, target_bytes=partition_bytes)
         identity = manifest.job_identity(
             encoding=spec.as_dict(), encoding_fingerprint=loaded.fingerprint, eot_position=config.eot_position,
-            text_column=config.text_column, id_column=config.id_column, partition_bytes=config.partition_bytes,
+            text_column=config.text_column, id_column=config.id_column, partition_bytes=partition_bytes,
             inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes} for f in files],
         )
         job = manifest.identity_hash(identity)
@@ -94,14 +98,16 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
                  f"{human(sum(p.text_bytes for p in pieces))}B of text in {len(pieces)} partitions"
                  + (f"; {len(committed)} already committed, skipping them" if committed else ""))
 
-        client.register_plugin(EncoderPlugin(loaded))
-        part_job = PartitionJob(out=config.out, storage_options=config.storage_options, encoder_plugin=plugin_name(loaded),
+        client.register_plugin(EncoderPlugin(loaded, backend=backend))
+        part_job = PartitionJob(out=config.out, storage_options=config.storage_options,
+                                encoder_plugin=plugin_name(loaded, backend=backend),
                                 dtype=spec.dtype, eot_position=config.eot_position, text_column=config.text_column, job=job)
         entries = dict(committed)
         started, finished = _run_pieces(client, pending, part_job, config, entries, bad, already_done=len(committed),
                                         announce=announce)
 
-    result = manifest.build_manifest(identity=identity, files=files, skipped=bad, entries=list(entries.values()))
+    result = manifest.build_manifest(identity=identity, files=files, skipped=bad, entries=list(entries.values()),
+                                     extra={"backend": backend_version(backend), "planned_partitions": len(pieces)})
     manifest.write_manifest(out_fs, out_root, result)
     if config.report:
         announce(f"performance report: {config.report}")

@@ -170,10 +170,13 @@ def check_entries(manifest: dict) -> list[str]:
         if index in seen:
             problems.append(f"partition {index}: listed more than once in manifest.json")
         seen.add(index)
-    missing = sorted(set(range(len(seen))) - seen)
+    # Partitions skipped as unreadable (--on-bad-file skip) are listed in skipped_inputs instead.
+    skipped = {s["partition"] for s in manifest.get("skipped_inputs", []) if isinstance(s, dict) and "partition" in s}
+    planned = manifest.get("planned_partitions", len(seen | skipped))
+    missing = sorted(set(range(planned)) - seen - skipped)
     if missing:
         problems.append(f"manifest.json: partition indices {_ranges(missing)} are missing "
-                        f"(expected 0..{len(seen) - 1}, each once)")
+                        f"(expected 0..{planned - 1}, each once, less those in skipped_inputs)")
     known_inputs = {i.get("path") for i in manifest["inputs"] if isinstance(i, dict)}
     for e in entries:
         where = f"partition {e['index']}"
