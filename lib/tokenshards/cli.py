@@ -257,6 +257,30 @@ def _run_verify(args) -> int:
     return 0 if report.ok else 1
 
 
+def _add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="totals, tokens-per-document percentiles, per-language counts; --plot draws lengths")
+    p.add_argument("out", metavar="OUT", help="output folder or s3://bucket/prefix of a finished run")
+    p.add_argument("--plot", metavar="FILE.png", help="write a histogram of document lengths in tokens (log x)")
+    p.add_argument("--language-column", default="language",
+                   help="input column counted per language (default: language, as in FineWeb)")
+    p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
+                   help="passed to fsspec/s3fs, for OUT, the inputs and --plot; repeatable")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args) -> int:
+    from .inspect_run import inspect_output, plot_lengths, report_lines
+
+    options = _storage_options(args.storage_option)
+    stats = inspect_output(args.out, storage_options=options, language_column=args.language_column)
+    for line in report_lines(stats):
+        print(line)
+    if args.plot:
+        plot_lengths(stats, args.plot, storage_options=options)
+        print(f"plot: {args.plot}")
+    return 0
+
+
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -270,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_export(sub)
     _add_verify(sub)
+    _add_inspect(sub)
     _add_train_bpe(sub)
     return parser
 

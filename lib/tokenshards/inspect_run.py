@@ -1,0 +1,313 @@
+"""``tokenshards inspect OUT``: what a finished run holds, read from its manifest and docs files.
+
+Everything streams one partition at a time (a few threads for I/O latency, a bounded window of
+them), so memory stays flat however large the run: document lengths go into a fixed
+log-spaced histogram (exact below 301 tokens, bins under 0.7% wide above), from which the
+percentiles and the plot come. Per-language counts need the inputs' ``language`` column,
+which format v1's docs files do not carry: it is read from the inputs the manifest lists
+(the partition's row groups, matched by the docs' ``row``) when they are still reachable.
+"""
+from __future__ import annotations
+
+import io
+import posixpath
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import manifest as v1
+from .errors import UserError
+from .progress import human
+from .store import filesystem, join, write_atomic
+
+PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
+LENGTH_EDGES = np.unique(np.floor(np.geomspace(1, 2**40, 8192)).astype(np.int64))
+"""Integer bin edges: every integer up to 300 (exact), then bins under 0.7% wide up to 2**40."""
+EXACT_BELOW = int(LENGTH_EDGES[np.argmax(np.diff(LENGTH_EDGES) > 1)])
+BIN_WIDTH = float(np.max((np.diff(LENGTH_EDGES) / LENGTH_EDGES[:-1])[LENGTH_EDGES[:-1] >= EXACT_BELOW]))
+"""Largest relative width of an inexact bin."""
+WINDOW = 32
+"""Partitions read at once (threads * a little): bounds memory and open connections."""
+
+
+@dataclass(kw_only=True)
+class PartitionStats:
+    counts: np.ndarray
+    docs: int
+    tokens: int
+    min: int
+    max: int
+    languages: Counter | None = None
+    """tokens and docs per language (keys ``(lang, "tokens")`` / ``(lang, "docs")``), or None."""
+    language_problem: str | None = None
+
+
+@dataclass(kw_only=True)
+class RunStats:
+    out: str
+    manifest: dict
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(len(LENGTH_EDGES), np.int64))
+    docs: int = 0
+    tokens: int = 0
+    min: int = 0
+    max: int = 0
+    languages: Counter = field(default_factory=Counter)
+    language_partitions: int = 0
+    language_problems: list[str] = field(default_factory=list)
+    language_column: str = "language"
+
+    def add(self, part: PartitionStats) -> None:
+        if part.docs:
+            self.min = part.min if not self.docs else min(self.min, part.min)
+            self.max = max(self.max, part.max)
+        self.counts += part.counts
+        self.docs += part.docs
+        self.tokens += part.tokens
+        if part.languages is not None:
+            self.languages.update(part.languages)
+            self.language_partitions += 1
+        if part.language_problem and part.language_problem not in self.language_problems:
+            self.language_problems.append(part.language_problem)
+
+    def percentile(self, q: float) -> float:
+        """numpy's default (linear) percentile, read off the histogram: exact where bins are
+        one integer wide, spread evenly inside a wider bin."""
+        if not self.docs:
+            return float("nan")
+        rank = q / 100 * (self.docs - 1)
+        low = int(np.floor(rank))
+        cumulative = np.cumsum(self.counts)
+        a, b = self._sorted_value(cumulative, low), self._sorted_value(cumulative, min(low + 1, self.docs - 1))
+        return a + (rank - low) * (b - a)
+
+    def _sorted_value(self, cumulative: np.ndarray, k: int) -> float:
+        """The k-th smallest length (0-based), as the histogram knows it."""
+        i = int(np.searchsorted(cumulative, k, side="right"))
+        lo = int(LENGTH_EDGES[i])
+        width = int(LENGTH_EDGES[i + 1]) - lo if i + 1 < len(LENGTH_EDGES) else 1
+        if width == 1:
+            return float(lo)
+        below = int(cumulative[i] - self.counts[i])
+        return lo + (k - below + 0.5) / int(self.counts[i]) * width
+
+    def language_rows(self) -> list[tuple[str, int, int]]:
+        """(language, tokens, docs), most tokens first."""
+        langs = {lang for lang, _ in self.languages}
+        rows = [(lang, self.languages[(lang, "tokens")], self.languages[(lang, "docs")]) for lang in langs]
+        return sorted(rows, key=lambda r: (-r[1], r[0]))
+
+
+def inspect_output(out: str, *, storage_options: dict | None = None, language_column: str = "language",
+                   threads: int = 8) -> RunStats:
+    """Read OUT's manifest, then every partition's docs file (and its input's language column)."""
+    fs, root = filesystem(out, storage_options)
+    try:
+        manifest = v1.read_manifest(fs, root)
+    except FileNotFoundError as e:
+        raise UserError(f"{out}: no {v1.MANIFEST}; not a finished tokenshards run (rerun the same tokenize command "
+                        "to finish an interrupted one)") from e
+    except ValueError as e:
+        raise UserError(f"{out}: {v1.MANIFEST} is not valid JSON ({e}); the run is damaged") from e
+    if manifest.get("format") != v1.FORMAT:
+        raise UserError(f"{out}: {v1.MANIFEST} has format {manifest.get('format')!r}; this tokenshards reads {v1.FORMAT!r}")
+    stats = RunStats(out=out, manifest=manifest, language_column=language_column)
+    inputs = _InputCache(storage_options, language_column)
+    parts = manifest["partitions"]
+    with ThreadPoolExecutor(max_workers=max(threads, 1)) as pool:
+        for start in range(0, len(parts), WINDOW):
+            window = parts[start:start + WINDOW]
+            for part in pool.map(lambda p: _partition_stats(fs, root, p, inputs), window):
+                stats.add(part)
+    return stats
+
+
+def _partition_stats(fs, root: str, part: dict, inputs: "_InputCache") -> PartitionStats:
+    path = join(root, part["docs_file"])
+    try:
+        with fs.open(path, "rb") as f:
+            table = pq.read_table(f, columns=["row", "length"])
+    except FileNotFoundError as e:
+        raise UserError(f"{path}: listed in the manifest but missing; run `tokenshards verify` on this output") from e
+    except (pa.ArrowException, OSError) as e:
+        raise UserError(f"{path}: unreadable ({type(e).__name__}: {e}); run `tokenshards verify` on this output") from e
+    lengths = table.column("length").to_numpy()
+    counts = np.bincount(np.searchsorted(LENGTH_EDGES, lengths, side="right") - 1, minlength=len(LENGTH_EDGES))
+    stats = PartitionStats(counts=counts.astype(np.int64), docs=len(lengths), tokens=int(lengths.sum()),
+                           min=int(lengths.min()) if len(lengths) else 0, max=int(lengths.max()) if len(lengths) else 0)
+    languages, problem = inputs.languages(part, table.column("row").to_numpy())
+    if languages is not None:
+        counter: Counter = Counter()
+        for lang, n, tokens in _group(languages, lengths):
+            counter[(lang, "docs")] += n
+            counter[(lang, "tokens")] += tokens
+        stats.languages = counter
+    stats.language_problem = problem
+    return stats
+
+
+def _group(languages: np.ndarray, lengths: np.ndarray):
+    """(language, docs, tokens) per distinct language of one partition."""
+    keys, inverse = np.unique(languages, return_inverse=True)
+    docs = np.bincount(inverse, minlength=len(keys))
+    tokens = np.bincount(inverse, weights=lengths, minlength=len(keys))
+    return [(str(k), int(d), int(t)) for k, d, t in zip(keys, docs, tokens)]
+
+
+class _InputCache:
+    """Row-group offsets per input (one footer read each), and why an input gave no languages."""
+
+    def __init__(self, storage_options: dict | None, column: str):
+        self.storage_options = storage_options
+        self.column = column
+        self._lock = threading.Lock()
+        self._meta: dict[str, tuple[list[int], bool] | str] = {}
+
+    def _metadata(self, url: str) -> tuple[list[int], bool] | str:
+        with self._lock:
+            if url in self._meta:
+                return self._meta[url]
+        try:
+            fs, path = filesystem(url, self.storage_options)
+            with fs.open(path, "rb") as f:
+                meta = pq.ParquetFile(f).metadata
+            offsets = [0]
+            for i in range(meta.num_row_groups):
+                offsets.append(offsets[-1] + meta.row_group(i).num_rows)
+            result: tuple[list[int], bool] | str = (offsets, self.column in meta.schema.to_arrow_schema().names)
+        except (UserError, OSError, pa.ArrowException) as e:
+            result = f"input {url} is unreachable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        with self._lock:
+            self._meta[url] = result
+        return result
+
+    def languages(self, part: dict, rows: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+        """The language of each document of ``part`` (by source row), or (None, why not)."""
+        url = part["input"]
+        meta = self._metadata(url)
+        if isinstance(meta, str):
+            return None, meta
+        offsets, has_column = meta
+        if not has_column:
+            return None, f"input {url} has no {self.column!r} column"
+        first, stop = part["row_groups"]
+        try:
+            fs, path = filesystem(url, self.storage_options)
+            with fs.open(path, "rb") as f:
+                column = pq.ParquetFile(f).read_row_groups(list(range(first, stop)), columns=[self.column]).column(0)
+        except (UserError, OSError, pa.ArrowException) as e:
+            return None, f"input {url} is unreadable ({type(e).__name__})"
+        if len(column) != offsets[stop] - offsets[first]:
+            return None, f"input {url} changed since the run (row counts differ)"
+        values = column.cast(pa.string()).fill_null("(none)").to_numpy(zero_copy_only=False)
+        return values[rows - offsets[first]], None
+
+
+# -- presenting --
+
+def report_lines(stats: RunStats) -> list[str]:
+    m = stats.manifest
+    enc, totals = m["encoding"], m["totals"]
+    itemsize = np.dtype(enc["dtype"]).itemsize
+    lines = [
+        f"run         {stats.out}  ({m['format']}{', job ' + m['job'][:12] if m.get('job') else ''})",
+        f"encoding    {enc['name']}: n_vocab {enc['n_vocab']:,}, eot {enc['eot']}, stored as {enc['dtype']}; "
+        f"eot {m['eot_position']}; text column {m['text_column']!r}",
+        f"inputs      {len(m['inputs'])} files, {totals['rows']:,} rows"
+        + (f"; {len(m['skipped_inputs'])} unreadable inputs skipped" if m.get("skipped_inputs") else ""),
+        f"partitions  {len(m['partitions'])}",
+        f"documents   {totals['docs']:,} (skipped {totals['skipped_null']:,} null and {totals['skipped_empty']:,} empty rows)",
+        f"tokens      {totals['tokens']:,} ({human(totals['tokens'] * itemsize)}B of token files)",
+    ]
+    if (stats.docs, stats.tokens) != (totals["docs"], totals["tokens"]):
+        lines.append(f"WARNING     the docs files hold {stats.docs:,} documents and {stats.tokens:,} tokens, the manifest "
+                     f"says {totals['docs']:,} and {totals['tokens']:,}: run `tokenshards verify {stats.out}`")
+    if stats.docs:
+        lines.append(f"tokens per document (percentiles from a log-spaced histogram: exact below {EXACT_BELOW} tokens, "
+                     f"within {100 * BIN_WIDTH:.1f}% above)")
+        lines.append(f"            mean {stats.tokens / stats.docs:,.1f}  min {stats.min:,}  "
+                     + "  ".join(f"p{q} {stats.percentile(q):,.0f}" for q in PERCENTILES) + f"  max {stats.max:,}")
+    lines.extend(_language_lines(stats))
+    return lines
+
+
+def _language_lines(stats: RunStats, *, top: int = 20) -> list[str]:
+    n_parts = len(stats.manifest["partitions"])
+    column = stats.language_column
+    if not stats.language_partitions:
+        why = "; ".join(stats.language_problems[:3]) or "no partitions"
+        return [f"per language: not available ({why})"]
+    coverage = "" if stats.language_partitions == n_parts else \
+        f", covering {stats.language_partitions} of {n_parts} partitions"
+    rows = stats.language_rows()
+    total = sum(r[1] for r in rows) or 1
+    lines = [f"per language (the inputs' {column!r} column{coverage}; {len(rows)} languages)"]
+    width = max(len(r[0]) for r in rows[:top])
+    for lang, tokens, docs in rows[:top]:
+        lines.append(f"            {lang:<{width}}  {tokens:>15,} tokens  {100 * tokens / total:5.1f}%  {docs:>12,} docs")
+    if len(rows) > top:
+        rest = rows[top:]
+        lines.append(f"            {len(rest)} more languages: {sum(r[1] for r in rest):,} tokens, {sum(r[2] for r in rest):,} docs")
+    for problem in stats.language_problems[:5]:
+        lines.append(f"            note: {problem}")
+    return lines
+
+
+def plot_lengths(stats: RunStats, path: str, *, storage_options: dict | None = None) -> None:
+    """A histogram of document lengths (log x) with the totals and median in the title and a box."""
+    if not stats.docs:
+        raise UserError(f"{stats.out} holds no documents: nothing to plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    m = stats.manifest
+    enc = m["encoding"]
+    median = stats.percentile(50)
+    # Integer plot edges (never narrower than one token) so short lengths show no comb.
+    edges = np.unique(np.round(np.geomspace(max(stats.min, 1), stats.max + 1, 70)).astype(np.int64))
+    if len(edges) < 2:
+        edges = np.array([stats.min, stats.min + 1])
+    present = stats.counts > 0
+    fig = Figure(figsize=(10, 5.6), dpi=120, layout="constrained")
+    ax = fig.add_subplot()
+    ax.hist(LENGTH_EDGES[present], bins=edges, weights=stats.counts[present], color="#4878a8", edgecolor="white",
+            linewidth=0.4)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.axvline(median, color="#d1495b", linewidth=2, label=f"median {median:,.0f}")
+    for q, style in ((10, ":"), (90, ":")):
+        ax.axvline(stats.percentile(q), color="#444444", linestyle=style, linewidth=1.2,
+                   label=f"p{q} {stats.percentile(q):,.0f}")
+    ax.set_xlabel("tokens per document (log scale)")
+    ax.set_ylabel("documents")
+    name = posixpath.basename(stats.out.rstrip("/")) or stats.out
+    ax.set_title(f"Document lengths in tokens: {name}\n{stats.docs:,} documents, {human(stats.tokens)} tokens, "
+                 f"median {median:,.0f} tokens/doc", fontsize=12)
+    ax.legend(loc="upper left", frameon=True)
+    box = "\n".join([
+        f"documents  {stats.docs:,}",
+        f"tokens     {stats.tokens:,}",
+        f"mean       {stats.tokens / stats.docs:,.1f}",
+        f"min / max  {stats.min:,} / {stats.max:,}",
+        f"encoding   {enc['name']} ({enc['dtype']})",
+        f"eot        {m['eot_position']}",
+    ])
+    ax.text(0.985, 0.97, box, transform=ax.transAxes, ha="right", va="top", multialignment="left", family="monospace",
+            fontsize=9,
+            bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#999999", "alpha": 0.9})
+    ax.grid(True, which="major", axis="y", alpha=0.3)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    fs, target = filesystem(path, storage_options)
+    try:
+        write_atomic(fs, target, buf.getvalue())
+    except OSError as e:
+        raise UserError(f"--plot {path}: cannot write ({type(e).__name__}: {e})") from e

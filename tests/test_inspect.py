@@ -1,0 +1,157 @@
+"""`tokenshards inspect`: the totals the manifest holds, exact percentiles and per-language
+counts against an independent computation, a valid PNG, s3:// outputs, and what it says when
+an input is gone or has no language column."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from conftest import write_parquet
+from readback import expected_tokens, read_documents
+from s3server import S3Server, s3  # noqa: F401  (s3 is a fixture)
+from tokenshards.cli import main
+from tokenshards.errors import UserError
+from tokenshards.inspect_run import BIN_WIDTH, LENGTH_EDGES, PartitionStats, RunStats, inspect_output, plot_lengths
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+WORDS = {"en": "the cat sat on the mat and looked around ", "de": "die Katze sitzt auf der Matte und schaut ",
+         "zh": "猫坐在垫子上看着四周。"}
+
+
+def _corpus(folder, *, name="a.parquet", n=240, language=True, seed=0):
+    """Documents of varied length (3..~250 tokens) in three languages, plus a null and an empty row."""
+    rng = np.random.default_rng(seed)
+    langs = [("en", "de", "zh")[i % 3] for i in range(n)]
+    texts = [WORDS[lang] * int(rng.integers(1, 10)) + f" #{i}" for i, lang in enumerate(langs)]
+    texts[5], texts[6] = None, ""
+    columns = {"text": texts, "id": [f"doc-{i}" for i in range(n)]}
+    if language:
+        columns["language"] = langs
+    return write_parquet(folder / name, columns, row_group_size=40), texts, langs
+
+
+@pytest.fixture
+def run(tokenize, tmp_path):
+    path, texts, langs = _corpus(tmp_path / "in")
+    _, out = tokenize([path], partition_bytes=3000)
+    return {"out": out, "input": path, "texts": texts, "langs": langs}
+
+
+def _printed(capsys, argv) -> str:
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_inspect_prints_the_manifest_totals_and_exact_numbers(run, gpt2, tmp_path, capsys):
+    png = tmp_path / "lengths.png"
+    text = _printed(capsys, ["inspect", str(run["out"]), "--plot", str(png)])
+    manifest = json.loads((run["out"] / "manifest.json").read_text())
+    totals = manifest["totals"]
+    assert len(manifest["partitions"]) > 2  # the numbers below are summed over several partitions
+    assert f"documents   {totals['docs']:,} (skipped {totals['skipped_null']} null and {totals['skipped_empty']} empty rows)" in text
+    assert f"tokens      {totals['tokens']:,} (" in text
+    assert f"inputs      1 files, {totals['rows']:,} rows" in text
+    assert f"partitions  {len(manifest['partitions'])}\n" in text
+    assert "encoding    gpt2: n_vocab 50,257, eot 50256, stored as uint16; eot prefix; text column 'text'" in text
+
+    # Percentiles: every length here is below 301 tokens, where the histogram is exact.
+    lengths = np.array([len(tokens) for _, tokens in read_documents(run["out"]).values()])
+    assert lengths.max() < 301
+    for q in (1, 5, 10, 25, 50, 75, 90, 95, 99):
+        assert re.search(rf"\bp{q} {np.percentile(lengths, q):,.0f}\b", text), q
+    assert f"mean {lengths.mean():,.1f}  min {lengths.min()}" in text and f"max {lengths.max()}" in text
+
+    # Per language, recomputed from the texts with tiktoken itself.
+    expected: dict[str, list[int]] = {}
+    for t, lang in zip(run["texts"], run["langs"]):
+        if t:
+            entry = expected.setdefault(lang, [0, 0])
+            entry[0] += len(expected_tokens(gpt2, t))
+            entry[1] += 1
+    assert "per language (the inputs' 'language' column; 3 languages)" in text
+    for lang, (tokens, docs) in expected.items():
+        assert re.search(rf"\n +{lang}  +{tokens:,} tokens +[\d.]+%  +{docs:,} docs\n", text), lang
+    assert sum(t for t, _ in expected.values()) == totals["tokens"]
+
+    assert text.rstrip().endswith(f"plot: {png}")
+    raw = png.read_bytes()
+    assert raw.startswith(PNG_MAGIC)
+    import matplotlib.image
+
+    image = matplotlib.image.imread(str(png))
+    assert image.shape[0] >= 600 and image.shape[1] >= 1000  # 10 x 5.6 in at 120 dpi
+    assert image[..., :3].std() > 0.05  # something is drawn
+
+
+def test_a_removed_input_is_named_and_counts_still_print(run, capsys):
+    run["input"].unlink()
+    text = _printed(capsys, ["inspect", str(run["out"])])
+    assert re.search(rf"per language: not available \(input {re.escape(str(run['input']))} is unreachable \(FileNotFoundError", text)
+    assert "tokens per document" in text
+
+
+def test_partial_language_coverage_says_how_much(tokenize, tmp_path, capsys):
+    a, *_ = _corpus(tmp_path / "in", name="a.parquet", n=60)
+    b, *_ = _corpus(tmp_path / "in", name="b.parquet", n=60, seed=1)
+    _, out = tokenize([a, b])
+    b.unlink()
+    text = _printed(capsys, ["inspect", str(out)])
+    assert "per language (the inputs' 'language' column, covering 1 of 2 partitions; 3 languages)" in text
+    assert re.search(rf"note: input {re.escape(str(b))} is unreachable", text)
+
+
+def test_input_without_language_column(tokenize, tmp_path, capsys):
+    path, *_ = _corpus(tmp_path / "in", language=False, n=30)
+    _, out = tokenize([path])
+    text = _printed(capsys, ["inspect", str(out)])
+    assert f"per language: not available (input {path} has no 'language' column)" in text
+
+
+def test_not_a_finished_run(tmp_path, capsys):
+    (tmp_path / "half").mkdir()
+    assert main(["inspect", str(tmp_path / "half")]) == 2
+    assert re.fullmatch(r"tokenshards: error: .*half: no manifest.json; not a finished tokenshards run .*\n",
+                        capsys.readouterr().err)
+
+
+def test_a_missing_docs_file_is_named(run):
+    manifest = json.loads((run["out"] / "manifest.json").read_text())
+    (run["out"] / manifest["partitions"][1]["docs_file"]).unlink()
+    with pytest.raises(UserError, match=r"part-00001\.docs\.parquet: listed in the manifest but missing; run `tokenshards verify`"):
+        inspect_output(str(run["out"]))
+
+
+def test_inspects_an_s3_output_and_writes_the_plot_there(run, s3, capsys):
+    bucket = s3.make_bucket()
+    fs = s3.fs()
+    fs.put(str(run["out"]) + "/", f"{bucket}/runs/one/", recursive=True)
+    local = _printed(capsys, ["inspect", str(run["out"])])
+    options = [f"--storage-option={k}={v}" for k, v in (("key", s3.key), ("secret", s3.secret),
+                                                        ("endpoint_url", s3.endpoint_url), ("region_name", "us-east-1"))]
+    remote = _printed(capsys, ["inspect", f"s3://{bucket}/runs/one", "--plot", f"s3://{bucket}/plots/lengths.png", *options])
+    # Same numbers whichever storage holds the run (the first line names the run itself).
+    assert remote.splitlines()[1:-1] == local.splitlines()[1:]
+    assert s3.fs().cat(f"{bucket}/plots/lengths.png").startswith(PNG_MAGIC)
+
+
+def test_percentiles_of_long_documents_stay_within_a_bin():
+    """Above 300 tokens the histogram's bins are under 0.7% wide: so is the error."""
+    lengths = (np.exp(np.random.default_rng(3).normal(6.5, 1.6, 50_000)) + 1).astype(np.int64)
+    stats = RunStats(out="x", manifest={})
+    stats.add(PartitionStats(counts=np.bincount(np.searchsorted(LENGTH_EDGES, lengths, side="right") - 1,
+                                                minlength=len(LENGTH_EDGES)),
+                             docs=len(lengths), tokens=int(lengths.sum()), min=int(lengths.min()), max=int(lengths.max())))
+    for q in (1, 10, 50, 90, 99, 99.9):
+        exact = np.percentile(lengths, q)
+        assert abs(stats.percentile(q) - exact) <= max(1.0, BIN_WIDTH * exact), q
+
+
+def test_empty_run_plot_is_refused(run, tmp_path):
+    stats = inspect_output(str(run["out"]))
+    stats.docs = 0
+    with pytest.raises(UserError, match=r"holds no documents: nothing to plot"):
+        plot_lengths(stats, str(tmp_path / "x.png"))
