@@ -319,6 +319,7 @@ def test_cli_tokenize_honours_hf_endpoint_and_hf_home(server, cluster, tmp_path,
     _check_against_tiktoken(out, server.root, gpt2)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["inputs"][0]["path"].startswith(str(tmp_path / "hf-home" / "hub" / "datasets--HuggingFaceFW--fineweb"))
+    assert manifest["hub"]["commit"] == server.commit and manifest["hub"]["folder"] == "sample/10BT"
 
     # HF_HUB_OFFLINE=1: the files already in HF_HOME, no request at all.
     n = len(server.requests)

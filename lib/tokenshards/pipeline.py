@@ -107,7 +107,8 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
                                         announce=announce)
 
     result = manifest.build_manifest(identity=identity, files=files, skipped=bad, entries=list(entries.values()),
-                                     extra={"backend": backend_version(backend), "planned_partitions": len(pieces)})
+                                     extra={"backend": backend_version(backend), "planned_partitions": len(pieces),
+                                            **({"hub": listing.record()} if listing is not None else {})})
     manifest.write_manifest(out_fs, out_root, result)
     if config.report:
         announce(f"performance report: {config.report}")
