@@ -296,12 +296,13 @@ def test_cli_error_is_one_line_naming_the_url(s3, corpus, capsys, monkeypatch):
 # -- a worker killed mid-upload -----------------------------------------------------------------
 
 def big_corpus(folder: Path) -> tuple[list[str], list[str]]:
-    """``a.parquet``: three small partitions; ``z_big.parquet``: one row group of ~10 MB of text,
-    whose cl100k tokens (uint32) come to ~9.5 MiB: a multipart upload of two parts."""
+    """``a.parquet``: three small partitions; ``z_big.parquet``: one row group of ~18 MB of text,
+    whose cl100k tokens (uint32) come to ~17 MiB: a multipart upload of three parts, open for
+    long enough (a few hundred ms against moto) to be caught mid-way."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(3)
     distinct = [" ".join(rng.choice(WORDS) for _ in range(2500)) for _ in range(40)]
-    big = [distinct[i % len(distinct)] for i in range(850)]
+    big = [distinct[i % len(distinct)] for i in range(1500)]
     small = [t or "x" for t in make_texts(60, 4)]
     pq.write_table(pa.table({"text": small}), folder / "a.parquet", row_group_size=20)
     pq.write_table(pa.table({"text": big}), folder / "z_big.parquet", row_group_size=len(big))
@@ -339,7 +340,7 @@ def test_worker_killed_mid_upload_leaves_nothing_committed_and_a_rerun_completes
             assert run.poll() is None, log.read_text()
             assert not fs.exists(f"{bucket}/out/manifest.json"), "the big partition was never seen mid-upload"
             assert time.monotonic() < deadline
-            time.sleep(0.01)
+            time.sleep(0.005)
         worker.send_signal(signal.SIGKILL)  # mid-upload: the multipart upload is open
         worker.wait()
         run.kill()  # the whole run dies with it
