@@ -34,8 +34,6 @@ PART_BYTES = 8 * MIB
 """Smallest multipart part (S3's floor is 5 MiB); grown for huge objects, see ``part_size``."""
 MAX_PARTS = 10_000
 """S3's limit on parts per multipart upload."""
-SECRET_KEYS = ("key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key",
-               "aws_session_token", "account_key", "sas_token", "client_secret", "connection_string")
 
 
 class StorageOptions(dict):
@@ -52,6 +50,7 @@ class StorageOptions(dict):
 
 
 def storage_options(options: dict | None) -> StorageOptions:
+    """Wrap once, where a job starts; everything downstream passes the wrapped mapping on."""
     return options if isinstance(options, StorageOptions) else StorageOptions(options or {})
 
 
