@@ -150,7 +150,6 @@ def _run_pieces(client: Client, pending, part_job: PartitionJob, config: Tokeniz
                 unreadable: list[BadInput], *, already_done: int, announce: Callable[[str], None]) -> tuple[float, float]:
     """Tokenize every pending piece; fill ``entries`` (and ``unreadable`` under --on-bad-file skip);
     return (first start, last end) times of the tasks."""
-    progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
     if not pending:
         return 0.0, 0.0
     # Our frames already hold Arrow strings; dask's convert-string pass would copy every text.
@@ -161,6 +160,7 @@ def _run_pieces(client: Client, pending, part_job: PartitionJob, config: Tokeniz
         futures = client.compute(records.to_delayed(), retries=config.retries)
     piece_of = {f.key: p for f, p in zip(futures, pending)}
     first, last = float("inf"), 0.0
+    progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
     try:
         for future in as_completed(futures):
             piece = piece_of[future.key]
@@ -172,7 +172,7 @@ def _run_pieces(client: Client, pending, part_job: PartitionJob, config: Tokeniz
                 raise UserError(f"partition {piece.index} ({piece.input}, row groups {piece.row_groups[0]}.."
                                 f"{piece.row_groups[1] - 1}) failed: {type(e).__name__}: {e}") from e
             if row["unreadable"] is not None:
-                announce(f"skipping unreadable partition {piece.index}: {row['unreadable']}")
+                progress.say(announce, f"skipping unreadable partition {piece.index}: {row['unreadable']}")
                 unreadable.append(BadInput(url=piece.input, reason=row["unreadable"], partition=piece.index,
                                            row_groups=piece.row_groups))
                 progress.update(0)

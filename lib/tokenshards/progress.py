@@ -1,9 +1,23 @@
-"""One live progress line on a terminal; a line every ~10% in logs; or nothing."""
+"""Progress of a run: one live line on a terminal; a line every 10% (and every few minutes)
+in logs, so a CI or batch log stays short; or nothing.
+
+``bar`` redraws a single line with ``\\r`` (fitted to the terminal's width so it never wraps),
+also between task completions so the elapsed time and ETA keep moving while a slow first
+partition runs. ``auto`` picks ``bar`` on a terminal and ``log`` otherwise.
+"""
 from __future__ import annotations
 
+import io
+import os
+import shutil
 import sys
+import threading
 import time
-from typing import TextIO
+from typing import Callable, TextIO
+
+from .errors import UserError
+
+MODES = ("auto", "bar", "log", "none")
 
 
 def human(n: float) -> str:
@@ -22,42 +36,120 @@ def format_eta(seconds: float) -> str:
 
 
 class Progress:
-    """Counts partitions and tokens as tasks finish; ``mode`` is bar, log, none or auto."""
+    """Counts partitions and tokens as tasks finish."""
 
-    def __init__(self, total: int, *, mode: str = "auto", stream: TextIO | None = None, already_done: int = 0):
+    def __init__(self, total: int, *, mode: str = "auto", stream: TextIO | None = None, already_done: int = 0,
+                 clock: Callable[[], float] = time.perf_counter, refresh: float | None = 1.0,
+                 heartbeat: float = 300.0, width: int | None = None):
+        """``refresh``: seconds between redraws of the bar while nothing finishes (None: only on
+        updates). ``heartbeat``: in log mode, a line at least this often even between 10% steps,
+        so a long run's log shows it is alive. ``width``: the terminal's, when not asked for."""
+        if mode not in MODES:
+            raise UserError(f"progress={mode!r} not supported, expected one of {', '.join(MODES)}")
         self.stream = stream or sys.stderr
         if mode == "auto":
-            mode = "bar" if self.stream.isatty() else "log"
+            mode = "bar" if _isatty(self.stream) else "log"
         self.mode = mode
         self.total = total
         self.done = already_done
         self.tokens = 0
         self.finished_here = 0
-        self.started = time.perf_counter()
-        self._last_logged = -1
+        self.clock = clock
+        self.started = clock()
+        self.heartbeat = heartbeat
+        self.width = width
+        self._last_decile = already_done * 10 // max(total, 1)
+        self._last_log = self.started
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._ticker = None
+        if self.mode == "bar":
+            self._draw()
+            if refresh:
+                self._ticker = threading.Thread(target=self._tick, args=(refresh,), name="tokenshards-progress",
+                                                daemon=True)
+                self._ticker.start()
 
     def update(self, tokens: int) -> None:
-        self.done += 1
-        self.finished_here += 1
-        self.tokens += tokens
-        if self.mode == "bar":
-            self.stream.write("\r" + self.line() + "\x1b[K")
-            self.stream.flush()
-        elif self.mode == "log":
-            decile = self.done * 10 // max(self.total, 1)
-            if decile != self._last_logged or self.done == self.total:
-                self._last_logged = decile
-                print(self.line(), file=self.stream, flush=True)
+        """One more partition finished with ``tokens`` tokens."""
+        with self._lock:
+            self.done += 1
+            self.finished_here += 1
+            self.tokens += tokens
+            if self.mode == "bar":
+                self._draw()
+            elif self.mode == "log":
+                now = self.clock()
+                decile = self.done * 10 // max(self.total, 1)
+                if decile != self._last_decile or self.done == self.total or now - self._last_log >= self.heartbeat:
+                    self._last_decile, self._last_log = decile, now
+                    print(self.line(), file=self.stream, flush=True)
+
+    def say(self, announce: Callable[[str], None], message: str) -> None:
+        """Print a message without tearing the bar: clear the line, announce, redraw."""
+        with self._lock:
+            if self.mode == "bar":
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+            announce(message)
+            if self.mode == "bar":
+                self._draw()
 
     def line(self) -> str:
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        elapsed = max(self.clock() - self.started, 1e-9)
         rate = self.tokens / elapsed
         remaining = self.total - self.done
-        eta = elapsed / self.finished_here * remaining if self.finished_here else 0
+        if self.finished_here:
+            eta = format_eta(elapsed / self.finished_here * remaining)
+        else:
+            eta = "--" if remaining else "0s"
         return (f"partitions {self.done}/{self.total}  {human(self.tokens)} tokens  "
-                f"{human(rate)} tokens/s  ETA {format_eta(eta)}")
+                f"{human(rate)} tokens/s  elapsed {format_eta(elapsed)}  ETA {eta}")
+
+    def bar_line(self, width: int) -> str:
+        """``[#####.....]  42%  partitions ...``, never wider than ``width - 1`` characters."""
+        fraction = self.done / self.total if self.total else 1.0
+        text = f"{100 * fraction:3.0f}%  {self.line()}"
+        room = min(30, width - 1 - len(text) - 3)
+        if room >= 10:
+            filled = int(room * fraction)
+            text = f"[{'#' * filled}{'.' * (room - filled)}] {text}"
+        return text[:max(width - 1, 1)]
 
     def close(self) -> None:
+        self._closed.set()
+        if self._ticker is not None:
+            self._ticker.join()
         if self.mode == "bar":
-            self.stream.write("\n")
-            self.stream.flush()
+            with self._lock:
+                self._draw()
+                self.stream.write("\n")
+                self.stream.flush()
+
+    def _draw(self) -> None:
+        width = self.width or _terminal_width(self.stream)
+        # \x1b[K clears what a longer earlier line left behind.
+        self.stream.write("\r" + self.bar_line(width) + "\x1b[K")
+        self.stream.flush()
+
+    def _tick(self, refresh: float) -> None:
+        while not self._closed.wait(refresh):
+            with self._lock:
+                if not self._closed.is_set():
+                    self._draw()
+
+
+def _terminal_width(stream: TextIO) -> int:
+    """The width of the terminal the bar is drawn on (stderr's own, not stdout's)."""
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        columns = 0
+    return columns or shutil.get_terminal_size((100, 24)).columns
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
