@@ -242,6 +242,9 @@ def test_denied_access(tmp_path, cluster, corpus):
         with pytest.raises(UserError, match=r"^cannot write to output s3://locked/tokens: access denied; check the credentials") as info:
             run_tokenize(config)
         assert "\n" not in str(info.value) and denied.secret not in str(info.value)
+        assert str(info.value).endswith(f"; endpoint {endpoint})")
+        with pytest.raises(UserError, match=r"^cannot list input s3://locked/in/\*\.parquet: access denied"):
+            run_tokenize(config.replace(inputs=("s3://locked/in/*.parquet",)))
     finally:
         proc.kill()
         proc.wait()

@@ -197,7 +197,7 @@ def check_bucket(fs: fsspec.AbstractFileSystem, path: str, url: str, *, what: st
     except PermissionError:
         return
     except FileNotFoundError as e:
-        raise UserError(f"{what} {url}: bucket {bucket!r} does not exist{_at_endpoint(fs)}; "
+        raise UserError(f"{what} {url}: bucket {bucket!r} does not exist at {_endpoint(fs) or 'the endpoint'}; "
                         "create it first or fix the URL") from e
     except Exception as e:
         raise storage_error(e, url, what=what, fs=fs) from e
@@ -219,15 +219,15 @@ def storage_error(e: BaseException, url: str, *, what: str, fs: fsspec.AbstractF
                 "and the network")
     else:
         hint = "check the URL, the credentials and the endpoint"
-    return UserError(f"{what} {url}: {hint}{_at_endpoint(fs)} ({name}: {_one_line(e)})")
+    endpoint = _endpoint(fs)
+    return UserError(f"{what} {url}: {hint} ({name}: {_one_line(e)}{f'; endpoint {endpoint}' if endpoint else ''})")
 
 
-def _at_endpoint(fs: fsspec.AbstractFileSystem | None) -> str:
-    """" at http://host:port" when ``fs`` is an S3 filesystem whose client knows its endpoint
-    (whether it came from --storage-option, AWS_ENDPOINT_URL or AWS's default)."""
+def _endpoint(fs: fsspec.AbstractFileSystem | None) -> str | None:
+    """The endpoint an S3 filesystem's client talks to, wherever it came from (--storage-option,
+    AWS_ENDPOINT_URL or AWS's default): the first thing to check when it is the wrong one."""
     client = getattr(fs, "s3", None) if fs is not None else None
-    endpoint = getattr(getattr(client, "meta", None), "endpoint_url", None)
-    return f" at {endpoint}" if endpoint else ""
+    return getattr(getattr(client, "meta", None), "endpoint_url", None)
 
 
 def _one_line(e: BaseException) -> str:
