@@ -20,11 +20,17 @@ HUB_FLAGS = --dataset $(DATASET) --size $(SIZE) $(if $(REVISION),--revision $(RE
 # AWS tool; STORAGE_OPTIONS="endpoint_url=http://minio:9000 anon=false" adds s3fs options.
 STORAGE_OPTIONS ?=
 
+# CLUSTER=cluster_configs/NAME.yaml runs on the cluster it describes; REPORT=FILE.html saves
+# Dask's performance report.
+CLUSTER ?=
+REPORT ?=
+
 TOKENIZE_FLAGS = --out $(OUT) --encoding $(ENCODING) \
 	$(if $(WORKERS),--workers $(WORKERS)) $(if $(SCHEDULER),--scheduler $(SCHEDULER)) \
+	$(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(REPORT),--report $(REPORT)) \
 	$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
 
-.PHONY: install tokenize download test bench demo-corpus clean
+.PHONY: install tokenize download test bench demo-corpus clean scheduler worker inspect
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +63,29 @@ download: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
+
+# A cluster by hand, the documented way (`dask scheduler` / `dask worker`; the old
+# `dask-scheduler` command was removed from distributed in 2026.6):
+#   make scheduler                              # on one machine: tcp://HOST:8786, dashboard :8787
+#   make worker SCHEDULER=tcp://HOST:8786       # on each machine, in the same project checkout
+#   make tokenize SCHEDULER=tcp://HOST:8786
+SCHEDULER_PORT ?= 8786
+DASHBOARD_PORT ?= 8787
+NWORKERS ?= -1
+scheduler: $(STAMP)
+	DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=5 \
+		$(BIN)/dask scheduler --port $(SCHEDULER_PORT) --dashboard-address :$(DASHBOARD_PORT)
+
+# One single-threaded worker process per core (NWORKERS=-1): tiktoken holds the GIL.
+worker: $(STAMP)
+	@test -n "$(SCHEDULER)" || { echo "make worker needs SCHEDULER=tcp://HOST:8786"; exit 2; }
+	$(BIN)/dask worker $(SCHEDULER) --nworkers $(NWORKERS) --nthreads 1
+
+# make inspect OUT=out/demo [PLOT=lengths.png]
+PLOT ?=
+inspect: $(STAMP)
+	$(BIN)/tokenshards inspect $(OUT) $(if $(PLOT),--plot $(PLOT)) \
+		$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
