@@ -328,6 +328,15 @@ def test_trains_on_a_hub_sample(trained, cluster, corpus, tmp_path):
     assert out.read_bytes() == local.read_bytes()
 
 
+def test_no_text_is_a_user_error(cluster, tmp_path):
+    path = write_parquet(tmp_path / "nulls.parquet", {"text": pa.array([None, ""], pa.string())})
+    config = TrainBpeConfig(inputs=(str(path),), out=str(tmp_path / "x.tiktoken"), scheduler=cluster.scheduler_address,
+                            progress="none")
+    with pytest.raises(UserError, match=r"no text to train on: every row of the 1 partitions counted was null, empty"):
+        run_train_bpe(config, announce=lambda msg: None)
+    assert not (tmp_path / "x.tiktoken").exists()
+
+
 # -- the command line --
 
 def test_cli_trains_and_prints_summary(corpus, cluster, tmp_path):

@@ -128,17 +128,21 @@ def combine_counted(*parts: Counted, min_count: int = 1, heldout_budget: int) ->
 
 
 def count_on_cluster(client: Client, pieces: list[Piece], *, pat_str: str, text_column: str, storage_options: dict,
-                     min_count: int, holdout_every: int, heldout_bytes: int, split_every: int = 8,
+                     min_count: int, holdout_every: int, heldout_bytes: int, split_every: int = 8, retries: int = 2,
                      on_piece: Callable[[Piece], None] = lambda piece: None) -> Counted:
     """Count every piece and combine the tables in a tree on the workers; only the root comes back."""
-    per_piece = max(heldout_bytes // max(len(pieces), 1), 1)
+    if not pieces:
+        raise ValueError("count_on_cluster needs at least one piece")
+    per_piece = max(heldout_bytes // len(pieces), 1)
     leaves = client.map(count_piece, pieces, pat_str=pat_str, text_column=text_column, storage_options=storage_options,
-                        holdout_every=holdout_every, heldout_budget=per_piece, pure=False)
+                        holdout_every=holdout_every, heldout_budget=per_piece, pure=False, retries=retries)
     level = list(leaves)
     while len(level) > split_every:
-        level = [client.submit(combine_counted, *level[i:i + split_every], heldout_budget=heldout_bytes, pure=False)
+        level = [client.submit(combine_counted, *level[i:i + split_every], heldout_budget=heldout_bytes, pure=False,
+                               retries=retries)
                  for i in range(0, len(level), split_every)]
-    root = client.submit(combine_counted, *level, min_count=min_count, heldout_budget=heldout_bytes, pure=False)
+    root = client.submit(combine_counted, *level, min_count=min_count, heldout_budget=heldout_bytes, pure=False,
+                         retries=retries)
     piece_of = {f.key: p for f, p in zip(leaves, pieces)}
     try:
         for future in as_completed(leaves):

@@ -189,6 +189,9 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
             client.cancel(futures)
         pieces = plan_pieces(files, target_bytes=config.partition_bytes)
         chosen = select_sample(pieces, config.sample_bytes)
+        if not chosen:
+            raise UserError(f"the inputs ({', '.join(s.url for s in sources[:3])}{' ...' if len(sources) > 3 else ''}) "
+                            "hold no rows: nothing to train on")
         plan_bytes = sum(p.text_bytes for p in chosen)
         announce(f"{len(sources)} input files; counting {pattern_name} pre-tokens in {len(chosen)} of {len(pieces)} "
                  f"partitions (~{human(plan_bytes)}B of text)")
@@ -207,6 +210,9 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
                                    storage_options=config.storage_options, min_count=config.min_count,
                                    holdout_every=config.holdout_every, heldout_bytes=config.heldout_bytes, on_piece=on_piece)
         count_seconds = time.perf_counter() - t_count
+    if not counted.docs:
+        raise UserError(f"no text to train on: every row of the {len(chosen)} partitions counted was null, empty or held back; "
+                        f"check --text-column ({config.text_column!r}) and the inputs")
     unique = counted.table.num_rows
     announce(f"counted {human(counted.text_bytes)}B in {counted.docs:,} documents: {unique:,} unique pre-tokens"
              + (f" seen at least {config.min_count} times" if config.min_count > 1 else "") + f" ({count_seconds:.1f} s)")
