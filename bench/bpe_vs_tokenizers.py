@@ -90,7 +90,7 @@ def main() -> None:
 
         # The same two steps in this one process, no cluster: CPU time that a busy machine distorts least.
         cpu = time.process_time()
-        table = count_texts(train, PATTERNS["gpt2"])
+        table = count_texts(train, pat_str=PATTERNS["gpt2"])
         count_cpu = time.process_time() - cpu
         words = zip(table.column("pretoken").to_pylist(), table.column("count").to_pylist())
         merged = train_merges(words, n_ranks=args.vocab_size - 1)

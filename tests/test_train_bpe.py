@@ -149,7 +149,7 @@ def test_matches_the_brute_force_reference():
 
 def test_same_ranks_whatever_the_word_order():
     rng = random.Random(3)
-    table = count_texts([_doc(rng) for _ in range(300)], PATTERNS["gpt2"])
+    table = count_texts([_doc(rng) for _ in range(300)], pat_str=PATTERNS["gpt2"])
     words = list(zip(table.column("pretoken").to_pylist(), table.column("count").to_pylist()))
     first = train_merges(words, n_ranks=700).ranks
     rng.shuffle(words)
@@ -159,8 +159,8 @@ def test_same_ranks_whatever_the_word_order():
 # -- counting (pure, and one piece as a worker runs it) --
 
 def test_count_tables_combine_and_prune():
-    a = count_texts(["hello world hello", "x"], PATTERNS["gpt2"])
-    b = count_texts(["hello there"], PATTERNS["gpt2"])
+    a = count_texts(["hello world hello", "x"], pat_str=PATTERNS["gpt2"])
+    b = count_texts(["hello there"], pat_str=PATTERNS["gpt2"])
     combined = combine_tables([a, b])
     assert dict(zip(*combined.to_pydict().values())) == {b"hello": 2, b" world": 1, b" hello": 1, b"x": 1, b" there": 1}
     assert combine_tables([a, b], min_count=2).to_pydict() == {"pretoken": [b"hello"], "count": [2]}
@@ -177,7 +177,7 @@ def test_patterns_split_like_tiktoken(gpt2, cl100k):
         pieces = regex.findall(PATTERNS[name], text)
         assert "".join(pieces) == text
         assert [t for p in pieces for t in enc.encode_ordinary(p)] == enc.encode_ordinary(text)
-        table = count_texts([text], PATTERNS[name])
+        table = count_texts([text], pat_str=PATTERNS[name])
         assert sum(table.column("count").to_pylist()) == len(pieces)
     assert resolve_pattern("cl100k") == ("cl100k", PATTERNS["cl100k"])
     assert resolve_pattern(r"\w+|\W") == ("custom", r"\w+|\W")

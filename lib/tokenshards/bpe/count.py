@@ -61,7 +61,7 @@ def _compiled(pat_str: str) -> regex.Pattern:
     return regex.compile(pat_str)
 
 
-def count_texts(texts: Iterable[str], pat_str: str) -> pa.Table:
+def count_texts(texts: Iterable[str], *, pat_str: str) -> pa.Table:
     """Pure: every pre-token of ``texts`` with its count, as an Arrow table (``SCHEMA``)."""
     findall = _compiled(pat_str).findall
     counter: Counter[str] = Counter()
@@ -116,7 +116,7 @@ def count_piece(piece: Piece, *, pat_str: str, text_column: str, storage_options
             heldout.append(text)
         else:
             train.append(text)
-    return Counted(table=count_texts(train, pat_str), text_bytes=sum(len(t.encode()) for t in train),
+    return Counted(table=count_texts(train, pat_str=pat_str), text_bytes=sum(len(t.encode()) for t in train),
                    docs=len(train), heldout=_trim_heldout(heldout, heldout_budget))
 
 

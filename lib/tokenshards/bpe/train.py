@@ -226,10 +226,8 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         merge_ticker.show(f"merging: {size:,}/{target:,} ranks  {human(rate)} merges/s  ETA {format_eta(eta)}",
                           final=size >= target)
 
-    table = counted.table
-    words = zip(table.column("pretoken").to_pylist(), table.column("count").to_pylist())
+    words = zip(counted.table.column("pretoken").to_pylist(), counted.table.column("count").to_pylist())
     result = train_merges(words, n_ranks=n_ranks, on_progress=on_merge)
-    del words, table
     if result.exhausted:
         merge_ticker.show(f"merging: stopped at {len(result.ranks):,} ranks: no pair left", final=True)
 
