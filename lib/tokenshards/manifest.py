@@ -81,8 +81,11 @@ def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pie
     """
     by_index = {p.index: p for p in pieces}
     found: dict[int, dict] = {}
-    for path in sorted(fs.glob(join(root, "parts", "part-*.done.json"))):
-        record = read_json(fs, path)
+    paths = sorted(fs.glob(join(root, "parts", "part-*.done.json")))
+    # One batched read: s3fs fetches the records concurrently, which matters for 10^4 of them.
+    contents = fs.cat(paths) if paths else {}
+    for path in paths:
+        record = json.loads(contents[path])
         if record.get("job") != job:
             raise OutputConflict(
                 f"{path} was written by a different run (other inputs or options); "
