@@ -170,7 +170,8 @@ def _add_train_bpe(sub) -> None:
     p.add_argument("--text-column", default="text")
     p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
     p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
-    p.add_argument("--partition-mb", type=float, default=None, help="text per partition in MB (default 8)")
+    p.add_argument("--partition-mb", type=float, default=None,
+                   help="text per partition in MB (default: as tokenize chooses, 8 MiB or more for huge corpora)")
     p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
     p.add_argument("--progress", default="auto", choices=["auto", "bar", "log", "none"])
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
@@ -180,12 +181,11 @@ def _add_train_bpe(sub) -> None:
 
 def _run_train_bpe(args) -> int:
     from .bpe.train import TrainBpeConfig, run_train_bpe
-    from .config import DEFAULT_PARTITION_BYTES
 
     config = TrainBpeConfig(
         inputs=tuple(args.input), out=args.out, vocab_size=args.vocab_size, specials=tuple(args.special),
         pattern=args.pattern, sample_bytes=args.sample_bytes, min_count=args.min_count, text_column=args.text_column,
-        partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else DEFAULT_PARTITION_BYTES,
+        partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else None,
         storage_options=_storage_options(args.storage_option), workers=args.workers, scheduler=args.scheduler,
         dashboard_address=args.dashboard_address, progress=args.progress,
         hub=_hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch),

@@ -16,7 +16,7 @@ import tiktoken
 
 from .. import hub
 from ..cluster import connect
-from ..config import DEFAULT_PARTITION_BYTES
+from ..config import auto_partition_bytes
 from ..errors import UserError
 from ..hub import HubDataset
 from ..plan import Piece, plan_pieces, read_input_metadata
@@ -45,7 +45,8 @@ class TrainBpeConfig:
     """Count only about this many bytes of text: whole partitions, spread evenly over the plan."""
     min_count: int = 1
     text_column: str = "text"
-    partition_bytes: int = DEFAULT_PARTITION_BYTES
+    partition_bytes: int | None = None
+    """Text per partition; None: the size ``tokenize`` would choose for this corpus."""
     holdout_every: int = 100
     """Every N-th row of each file is held back from counting; 0 holds back nothing."""
     heldout_bytes: int = 2_000_000
@@ -74,7 +75,7 @@ class TrainBpeConfig:
             raise UserError(f"--sample-bytes {self.sample_bytes} must be positive")
         if self.holdout_every < 0 or self.holdout_every == 1:
             raise UserError(f"holdout_every={self.holdout_every}: hold back every N-th row with N >= 2, or 0 for none")
-        if self.partition_bytes < 1:
+        if self.partition_bytes is not None and self.partition_bytes < 1:
             raise UserError(f"partition_bytes={self.partition_bytes} must be positive")
         if self.progress not in PROGRESS_MODES:
             raise UserError(f"progress={self.progress!r} not supported, expected one of {PROGRESS_MODES}")
@@ -187,7 +188,8 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
             files = client.gather(futures)
         finally:
             client.cancel(futures)
-        pieces = plan_pieces(files, target_bytes=config.partition_bytes)
+        corpus_bytes = sum(sum(f.row_group_text_bytes) for f in files)
+        pieces = plan_pieces(files, target_bytes=config.partition_bytes or auto_partition_bytes(corpus_bytes))
         chosen = select_sample(pieces, config.sample_bytes)
         if not chosen:
             raise UserError(f"the inputs ({', '.join(s.url for s in sources[:3])}{' ...' if len(sources) > 3 else ''}) "
