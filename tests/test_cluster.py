@@ -18,6 +18,7 @@ from distributed import Client
 
 from conftest import write_parquet
 from readback import read_documents
+from sshserver import start_ssh_server
 from tokenshards.cli import main
 from tokenshards.cluster import kubernetes_spec, load_cluster_config, slurm_cluster
 from tokenshards.config import TokenizeConfig
@@ -230,3 +231,22 @@ def test_scheduler_and_cluster_together_is_refused(tmp_path, corpus):
                             cluster_config=str(CONFIGS / "local.yaml"), progress="none")
     with pytest.raises(UserError, match=r"pass either --scheduler or --cluster, not both"):
         run_tokenize(config, announce=lambda m: None)
+
+
+def test_ssh_config_runs_the_job_through_a_real_ssh_server(tmp_path, corpus):
+    """distributed's SSHCluster, unchanged, logs in to a real SSH server on 127.0.0.1 (asyncssh)
+    that runs its commands through the shell: scheduler and worker start, the job runs."""
+    server, stop = start_ssh_server(tmp_path)
+    try:
+        path = _config(tmp_path, {
+            "kind": "ssh", "hosts": ["127.0.0.1", "127.0.0.1"], "connect_options": server.connect_options(),
+            "scheduler_options": {"host": "127.0.0.1", "port": 0, "dashboard_address": "127.0.0.1:0"},
+            "worker_options": {"host": "127.0.0.1", "n_workers": 1}, "remote_python": sys.executable,
+        })
+        seen: list[str] = []
+        config = TokenizeConfig(inputs=(str(corpus),), out=str(tmp_path / "out"), cluster_config=path, progress="none")
+        summary = run_tokenize(config, announce=seen.append)
+    finally:
+        stop()
+    assert re.fullmatch(r"dashboard: http://127\.0\.0\.1:\d+/status  \(ssh cluster from .*cluster\.yaml\)", seen[0])
+    assert summary.docs == 400 and len(read_documents(tmp_path / "out")) == 400
