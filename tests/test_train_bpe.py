@@ -341,8 +341,10 @@ def test_no_text_is_a_user_error(cluster, tmp_path):
 
 def test_cli_trains_and_prints_summary(corpus, cluster, tmp_path):
     out = tmp_path / "cli.tiktoken"
+    config = tmp_path / "cluster.yaml"  # --cluster, as tokenize takes it, pointing at the session's scheduler
+    config.write_text(f"kind: scheduler\naddress: {cluster.scheduler_address}\n")
     proc = subprocess.run([TOKENSHARDS, "train-bpe", "--input", str(corpus), "--out", str(out), "--vocab-size", "400",
-                           "--special", "<|pad|>", "--pattern", "cl100k", "--scheduler", cluster.scheduler_address,
+                           "--special", "<|pad|>", "--pattern", "cl100k", "--cluster", str(config),
                            "--progress", "log"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "counting: partitions 2/2" in proc.stderr and "merges/s" in proc.stderr

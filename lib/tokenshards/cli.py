@@ -170,6 +170,7 @@ def _add_train_bpe(sub) -> None:
     p.add_argument("--text-column", default="text")
     p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
     p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
+    p.add_argument("--cluster", metavar="CONFIG.yaml", help="cluster config, as for tokenize (cluster_configs/*.yaml)")
     p.add_argument("--partition-mb", type=float, default=None,
                    help="text per partition in MB (default: as tokenize chooses, 8 MiB or more for huge corpora)")
     p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
@@ -187,7 +188,7 @@ def _run_train_bpe(args) -> int:
         pattern=args.pattern, sample_bytes=args.sample_bytes, min_count=args.min_count, text_column=args.text_column,
         partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else None,
         storage_options=_storage_options(args.storage_option), workers=args.workers, scheduler=args.scheduler,
-        dashboard_address=args.dashboard_address, progress=args.progress,
+        cluster_config=args.cluster, dashboard_address=args.dashboard_address, progress=args.progress,
         hub=_hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch),
     )
     summary = run_train_bpe(config, announce=_say)

@@ -57,6 +57,7 @@ class TrainBpeConfig:
     # -- how it runs: never changes the ranks --
     workers: int | None = None
     scheduler: str | None = None
+    cluster_config: str | None = None
     dashboard_address: str = ":8787"
     progress: str = "auto"
 
@@ -179,7 +180,7 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         sources += hub.download(config.hub, listing, announce=announce)
 
     with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
-                 announce=announce) as client:
+                 announce=announce, cluster_config=config.cluster_config) as client:
         if listing is not None and config.hub.fetch == "workers":
             sources += hub.prepare_workers(client, config.hub, listing, announce=announce)
         futures = client.map(read_input_metadata, [s.url for s in sources], [s.name for s in sources],
