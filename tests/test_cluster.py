@@ -250,3 +250,15 @@ def test_ssh_config_runs_the_job_through_a_real_ssh_server(tmp_path, corpus):
         stop()
     assert re.fullmatch(r"dashboard: http://127\.0\.0\.1:\d+/status  \(ssh cluster from .*cluster\.yaml\)", seen[0])
     assert summary.docs == 400 and len(read_documents(tmp_path / "out")) == 400
+
+
+def test_report_into_a_missing_folder_fails_before_any_work(tmp_path, corpus):
+    config = TokenizeConfig(inputs=(str(corpus),), out=str(tmp_path / "out"), report=str(tmp_path / "no" / "r.html"),
+                            scheduler="tcp://127.0.0.1:1", progress="none")
+    with pytest.raises(UserError, match=r"--report .*r\.html: folder .*no does not exist; create it or choose another file"):
+        run_tokenize(config, announce=lambda m: None)
+
+
+def test_a_folder_is_not_a_config(tmp_path):
+    with pytest.raises(UserError, match=r"cannot read cluster config .*: Is a directory"):
+        load_cluster_config(str(tmp_path))

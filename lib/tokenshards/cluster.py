@@ -82,6 +82,8 @@ def load_cluster_config(path: str, *, workers: int | None = None) -> ClusterConf
         known = sorted(n for n in os.listdir(folder) if n.endswith((".yaml", ".yml"))) if os.path.isdir(folder) else []
         hint = f"; configs in {folder}: {', '.join(known)}" if known else "; see cluster_configs/ in the project for examples"
         raise UserError(f"cluster config {path} not found{hint}") from e
+    except OSError as e:
+        raise UserError(f"cannot read cluster config {path}: {e.strerror or e}") from e
     except yaml.YAMLError as e:
         raise UserError(f"cluster config {path} is not valid YAML: {' '.join(str(e).split())}") from e
     return parse_cluster_config(raw, path=path, workers=workers)
@@ -110,36 +112,9 @@ def parse_cluster_config(raw: Any, *, path: str, workers: int | None = None) -> 
         raise UserError(f"cluster config {path}: workers (how many worker processes to start) is required for kind {kind}")
     if kind in EXTRAS:
         _require_backend(kind, path)
-    if kind == "scheduler":
-        _check_scheduler(settings, path)
-    elif kind == "slurm":
-        for old, new in SLURM_DEPRECATED.items():
-            if old in (settings.get("options") or {}):
-                raise UserError(f"cluster config {path}: options.{old} is deprecated in dask-jobqueue; use options.{new}")
-        settings["options"] = _check_options(settings.get("options"), slurm_option_names(), path, kind)
-        for key in ("cores", "memory"):
-            # dask-jobqueue would fail later, after starting its scheduler.
-            if key not in settings["options"] and dask.config.get(f"jobqueue.slurm.{key}", None) is None:
-                raise UserError(f"cluster config {path}: options.{key} is required (per SLURM job, e.g. "
-                                + ("cores: 16)" if key == "cores" else "memory: 64GB)"))
-    elif kind == "kubernetes":
-        settings["options"] = _check_options(settings.get("options"), KUBERNETES_OPTIONS, path, kind)
-        env = settings["options"].get("env")
-        if env is not None and not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
-            raise UserError(f"cluster config {path}: options.env must map names to strings (quote numbers: \"5\")")
-        resources = settings["options"].get("resources")
-        if resources is not None:
-            if not isinstance(resources, dict):
-                raise UserError(f"cluster config {path}: options.resources must be a mapping with limits and/or requests")
-            _reject_unknown(resources, ("limits", "requests"), where=f"cluster config {path} options.resources")
-    elif kind == "ssh":
-        hosts = settings.get("hosts")
-        if not (isinstance(hosts, list) and len(hosts) >= 2 and all(isinstance(h, str) and h for h in hosts)):
-            raise UserError(f"cluster config {path}: hosts must list at least two host names: the scheduler's first, "
-                            "then one per worker host (repeat the first to run a worker beside the scheduler)")
-        for key in ("connect_options", "worker_options", "scheduler_options"):
-            if not isinstance(settings.get(key, {}), dict):
-                raise UserError(f"cluster config {path}: {key} must be a mapping")
+    check = {"scheduler": _check_scheduler, "slurm": _check_slurm, "kubernetes": _check_kubernetes, "ssh": _check_ssh}
+    if kind in check:
+        check[kind](settings, path)
     return ClusterConfig(path=path, kind=kind, settings=settings, dask_config=dask_config)
 
 
@@ -158,6 +133,39 @@ def _check_positive_int(settings: dict, key: str, path: str) -> None:
     value = settings.get(key)
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise UserError(f"cluster config {path}: {key}={value!r} must be a positive integer")
+
+
+def _check_slurm(settings: dict, path: str) -> None:
+    for old, new in SLURM_DEPRECATED.items():
+        if old in (settings.get("options") or {}):
+            raise UserError(f"cluster config {path}: options.{old} is deprecated in dask-jobqueue; use options.{new}")
+    settings["options"] = _check_options(settings.get("options"), slurm_option_names(), path, "slurm")
+    for key, example in (("cores", "cores: 16"), ("memory", "memory: 64GB")):
+        # dask-jobqueue would fail later, after starting its scheduler.
+        if key not in settings["options"] and dask.config.get(f"jobqueue.slurm.{key}", None) is None:
+            raise UserError(f"cluster config {path}: options.{key} is required (per SLURM job, e.g. {example})")
+
+
+def _check_kubernetes(settings: dict, path: str) -> None:
+    settings["options"] = _check_options(settings.get("options"), KUBERNETES_OPTIONS, path, "kubernetes")
+    env = settings["options"].get("env")
+    if env is not None and not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+        raise UserError(f"cluster config {path}: options.env must map names to strings (quote numbers: \"5\")")
+    resources = settings["options"].get("resources")
+    if resources is not None:
+        if not isinstance(resources, dict):
+            raise UserError(f"cluster config {path}: options.resources must be a mapping with limits and/or requests")
+        _reject_unknown(resources, ("limits", "requests"), where=f"cluster config {path} options.resources")
+
+
+def _check_ssh(settings: dict, path: str) -> None:
+    hosts = settings.get("hosts")
+    if not (isinstance(hosts, list) and len(hosts) >= 2 and all(isinstance(h, str) and h for h in hosts)):
+        raise UserError(f"cluster config {path}: hosts must list at least two host names: the scheduler's first, "
+                        "then one per worker host (repeat the first to run a worker beside the scheduler)")
+    for key in ("connect_options", "worker_options", "scheduler_options"):
+        if not isinstance(settings.get(key, {}), dict):
+            raise UserError(f"cluster config {path}: {key} must be a mapping")
 
 
 def _check_scheduler(settings: dict, path: str) -> None:
