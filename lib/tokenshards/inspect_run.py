@@ -257,6 +257,20 @@ def _language_lines(stats: RunStats, *, top: int = 20) -> list[str]:
     return lines
 
 
+def _plot_edges(lo: int, hi: int, *, bins: int = 70) -> np.ndarray:
+    """Integer bin edges covering [lo, hi]: one bar per length when there are few, else about
+    ``bins`` log-spaced bins whose widths never shrink (a width of 1 then 2 then 1 again would
+    draw a comb of alternating bar heights)."""
+    if hi - lo < 100:
+        return np.arange(lo, hi + 2)
+    ratio = ((hi + 1) / lo) ** (1 / bins)
+    edges, width = [lo], 1
+    while edges[-1] <= hi:
+        width = max(width, int(round(edges[-1] * (ratio - 1))))
+        edges.append(edges[-1] + width)
+    return np.array(edges)
+
+
 def plot_lengths(stats: RunStats, path: str, *, storage_options: dict | None = None) -> None:
     """A histogram of document lengths (log x) with the totals and median in the title and a box."""
     if not stats.docs:
@@ -265,29 +279,35 @@ def plot_lengths(stats: RunStats, path: str, *, storage_options: dict | None = N
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     m = stats.manifest
     enc = m["encoding"]
     median = stats.percentile(50)
-    # Integer plot edges (never narrower than one token) so short lengths show no comb.
-    edges = np.unique(np.round(np.geomspace(max(stats.min, 1), stats.max + 1, 70)).astype(np.int64))
-    if len(edges) < 2:
-        edges = np.array([stats.min, stats.min + 1])
+    edges = _plot_edges(max(stats.min, 1), stats.max)
     present = stats.counts > 0
     fig = Figure(figsize=(10, 5.6), dpi=120, layout="constrained")
     ax = fig.add_subplot()
-    ax.hist(LENGTH_EDGES[present], bins=edges, weights=stats.counts[present], color="#4878a8", edgecolor="white",
-            linewidth=0.4)
+    counts, _ = np.histogram(LENGTH_EDGES[present], bins=edges, weights=stats.counts[present])
+    one_per_length = bool(np.all(np.diff(edges) == 1))
+    if not one_per_length:
+        # Short lengths get whole-token bins wider (on the log axis) than the rest: scale every
+        # bar to the common log width so a change of bin width draws no step.
+        nominal = np.log(edges[-1] / edges[0]) / (len(edges) - 1)
+        counts = counts * nominal / np.log(edges[1:] / edges[:-1])
+    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="#4878a8", edgecolor="white", linewidth=0.4)
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}")
+    ax.xaxis.set_major_formatter(plain)
+    # Over two decades or less, the minor ticks (2, 3, 5...) carry the only labels: plain numbers too.
+    ax.xaxis.set_minor_formatter(plain if stats.max < 100 * max(stats.min, 1) else NullFormatter())
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.axvline(median, color="#d1495b", linewidth=2, label=f"median {median:,.0f}")
     for q, style in ((10, ":"), (90, ":")):
         ax.axvline(stats.percentile(q), color="#444444", linestyle=style, linewidth=1.2,
                    label=f"p{q} {stats.percentile(q):,.0f}")
     ax.set_xlabel("tokens per document (log scale)")
-    ax.set_ylabel("documents")
+    ax.set_ylabel("documents" if one_per_length else "documents per bin (equal widths on this axis)")
     name = posixpath.basename(stats.out.rstrip("/")) or stats.out
     ax.set_title(f"Document lengths in tokens: {name}\n{stats.docs:,} documents, {human(stats.tokens)} tokens, "
                  f"median {median:,.0f} tokens/doc", fontsize=12)
