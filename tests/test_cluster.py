@@ -219,10 +219,19 @@ def test_unreachable_scheduler_is_a_user_error(tmp_path, corpus):
 def test_local_config_starts_a_local_cluster(tmp_path, corpus):
     path = _config(tmp_path, {"kind": "local", "workers": 1, "dashboard_address": "127.0.0.1:0"})
     seen: list[str] = []
+    statuses: list[int] = []
+
+    def announce(message: str) -> None:
+        seen.append(message)
+        if message.startswith("dashboard: "):  # a real request while the cluster is up
+            with urllib.request.urlopen(message.split()[1], timeout=30) as response:
+                statuses.append(response.status)
+
     config = TokenizeConfig(inputs=(str(corpus),), out=str(tmp_path / "out"), cluster_config=path, progress="none")
-    summary = run_tokenize(config, announce=seen.append)
+    summary = run_tokenize(config, announce=announce)
     assert re.fullmatch(r"dashboard: http://127\.0\.0\.1:\d+/status  \(local cluster \(.*cluster\.yaml\): 1 process workers\)",
                         seen[0])
+    assert statuses == [200]
     assert summary.docs == 400
 
 
