@@ -189,7 +189,7 @@ def test_dashboard_answers_during_a_run_on_a_real_scheduler(dask_scheduler, corp
     summary = run_tokenize(config, announce=announce)
 
     assert seen[0] == (f"dashboard: http://127.0.0.1:{dask_scheduler['dashboard']}/status  "
-                       f"(scheduler {dask_scheduler['address']}, 1 workers)")
+                       f"(scheduler {dask_scheduler['address']}, 1 worker)")
     assert statuses == [200]
     assert summary.partitions == 8 and summary.docs == 400
     assert len(read_documents(tmp_path / "out")) == 400
@@ -229,7 +229,7 @@ def test_local_config_starts_a_local_cluster(tmp_path, corpus):
 
     config = TokenizeConfig(inputs=(str(corpus),), out=str(tmp_path / "out"), cluster_config=path, progress="none")
     summary = run_tokenize(config, announce=announce)
-    assert re.fullmatch(r"dashboard: http://127\.0\.0\.1:\d+/status  \(local cluster \(.*cluster\.yaml\): 1 process workers\)",
+    assert re.fullmatch(r"dashboard: http://127\.0\.0\.1:\d+/status  \(local cluster \(.*cluster\.yaml\): 1 process worker\)",
                         seen[0])
     assert statuses == [200]
     assert summary.docs == 400

@@ -295,7 +295,7 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
                               memory_limit=s.get("memory_limit", "auto"),
                               dashboard_address=s.get("dashboard_address", dashboard_address),
                               silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
-                announce(f"dashboard: {client.dashboard_link}  (local cluster{source}: {n} process workers)")
+                announce(f"dashboard: {client.dashboard_link}  (local cluster{source}: {_count(n, 'process worker')})")
                 yield client
 
 
@@ -311,7 +311,7 @@ def _remote_client(*, address: str | None = None, scheduler_file: str | None = N
         raise UserError(f"cannot reach the Dask scheduler at {where}: {e}; is `dask scheduler` running there?") from e
     with client:
         n = len(client.scheduler_info(n_workers=-1)["workers"])
-        announce(f"dashboard: {client.dashboard_link}  (scheduler {client.scheduler.address}, {n} workers"
+        announce(f"dashboard: {client.dashboard_link}  (scheduler {client.scheduler.address}, {_count(n, 'worker')}"
                  + ("; tasks wait until a `dask worker` joins" if n == 0 else "") + ")")
         yield client
 
@@ -333,3 +333,7 @@ def _backend_client(config: ClusterConfig, *, announce: Callable[[str], None]) -
                  + (f", scaling to {config.workers} workers; tasks start as they join" if config.workers else "") + ")")
         yield client
 
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
