@@ -97,3 +97,22 @@ def test_rerun_of_a_finished_run_changes_nothing(big_corpus, clean_run, tmp_path
                                           scheduler=cluster.scheduler_address, progress="none"), announce=lambda m: None)
     assert summary.skipped_partitions == summary.partitions
     assert _files(out) == before
+
+
+def test_ctrl_c_stops_cleanly_and_leaves_only_committed_or_temporary_files(big_corpus, tmp_path):
+    import os
+    import signal
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([TOKENSHARDS, "tokenize", "--input", str(big_corpus), "--out", str(out), "--workers", "2",
+                             "--partition-mb", str(PARTITION_BYTES / 1e6), "--dashboard-address", ":0", "--progress", "none"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for_done(out, 2)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted; committed partitions are kept" in stderr and "Traceback" not in stderr
+    assert not (out / "manifest.json").exists()
+    for path in (out / "parts").iterdir():
+        stem = path.name.split(".")[0]
+        assert path.name.endswith(".tmp") or (out / "parts" / f"{stem}.done.json").exists(), path.name

@@ -14,6 +14,8 @@ import importlib
 import inspect
 import logging
 import os
+import signal
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -291,12 +293,29 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
             s = config.settings if config else {}
             n = s.get("workers") or workers or os.cpu_count() or 1
             source = f" ({config.path})" if config else ""
-            with LocalCluster(n_workers=n, threads_per_worker=s.get("threads_per_worker", 1), processes=True,
-                              memory_limit=s.get("memory_limit", "auto"),
-                              dashboard_address=s.get("dashboard_address", dashboard_address),
-                              silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
+            with _children_ignore_ctrl_c():
+                cluster = LocalCluster(n_workers=n, threads_per_worker=s.get("threads_per_worker", 1), processes=True,
+                                       memory_limit=s.get("memory_limit", "auto"),
+                                       dashboard_address=s.get("dashboard_address", dashboard_address),
+                                       silence_logs=logging.CRITICAL)
+            with cluster, Client(cluster) as client:
                 announce(f"dashboard: {client.dashboard_link}  (local cluster{source}: {_count(n, 'process worker')})")
                 yield client
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c() -> Iterator[None]:
+    """Worker processes started in here ignore SIGINT (the disposition survives exec), so a
+    terminal's Ctrl-C reaches only this process, which cancels the work and closes the cluster
+    in order, instead of every worker printing its own KeyboardInterrupt traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
