@@ -101,8 +101,7 @@ def train_merges(words: Iterable[tuple[bytes, int]], *, n_ranks: int,
         a, b = key >> SHIFT, key & LOW
         merged = token_bytes[a] + token_bytes[b]
         c = ranks.get(merged)
-        is_new = c is None
-        if is_new:
+        if c is None:
             c = len(token_bytes)
             token_bytes.append(merged)
             order.append(_order_key(merged))
@@ -112,15 +111,15 @@ def train_merges(words: Iterable[tuple[bytes, int]], *, n_ranks: int,
         merges.append((a, b))
 
         # Rewrite every word holding (a, b) in place; counts change only next to each occurrence.
+        # Pairs holding c are counted apart, in small dicts that stay in cache, then folded in.
         del pair_counts[key]
-        fresh: list[int] = []  # pairs first seen in this merge: the only counts that grew
-        touched: list[int] = []
+        grown: defaultdict[int, int] = defaultdict(int)
+        grown_where: dict[int, set[int]] = {}
         for w in where.pop(key):
             seq = seqs[w]
             remaining = seq.count(a)  # C-speed scans; no exception ends the loop
             n = counts[w]
             i = 0
-            hit = False
             while remaining:
                 i = seq.index(a, i)
                 remaining -= 1
@@ -131,47 +130,43 @@ def train_merges(words: Iterable[tuple[bytes, int]], *, n_ranks: int,
                     continue
                 if a == b:
                     remaining -= 1  # the second a is consumed by this merge
-                hit = True
                 if i:
                     prev = seq[i - 1]
                     pair_counts[prev << SHIFT | a] -= n
                     k = prev << SHIFT | c
-                    pair_counts[k] += n
-                    s = where.get(k)
+                    grown[k] += n
+                    s = grown_where.get(k)
                     if s is None:
-                        where[k] = {w}
-                        fresh.append(k)
+                        grown_where[k] = {w}
                     else:
                         s.add(w)
                 if i + 2 < len(seq):
                     nxt = seq[i + 2]
                     pair_counts[b << SHIFT | nxt] -= n
                     k = c << SHIFT | nxt
-                    pair_counts[k] += n
-                    s = where.get(k)
+                    grown[k] += n
+                    s = grown_where.get(k)
                     if s is None:
-                        where[k] = {w}
-                        fresh.append(k)
+                        grown_where[k] = {w}
                     else:
                         s.add(w)
                 seq[i] = c
                 del seq[i + 1]
                 i += 1
-            if hit:
-                touched.append(w)
         # With a == b, "aaa" decremented (a, a) again after it was deleted above.
         pair_counts.pop(key, None)
-        if is_new:
-            grown = fresh
-        else:  # c was a token already: pairs holding it may predate this merge
-            grown = {seq[j] << SHIFT | seq[j + 1] for seq in (seqs[w] for w in touched)
-                     for j in range(len(seq) - 1) if seq[j] == c or seq[j + 1] == c}
-        for k in grown:
-            n = pair_counts[k]
+        for k, n in grown.items():
+            # Plus what the big dict holds for k: a decrement of (c, a) after an earlier (c, a)
+            # grew in the same word, or, when c was a token already, counts from before.
+            n += pair_counts.pop(k, 0)
             if n > 0:
+                pair_counts[k] = n
                 push(heap, (-n, order[k >> SHIFT], order[k & LOW], k))
-            elif n == 0:
-                del pair_counts[k]
+                s = where.get(k)
+                if s is None:
+                    where[k] = grown_where[k]
+                else:
+                    s |= grown_where[k]
         if on_progress is not None and len(merges) >= next_report:
             next_report += progress_every
             on_progress(len(token_bytes), n_ranks)
