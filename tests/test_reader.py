@@ -91,7 +91,7 @@ def test_errors_name_the_problem(out, tmp_path):
         ds.by_id("nope")
     with pytest.raises(UserError, match=r"seq_len=100000 needs 100,001 tokens per window, the dataset holds"):
         ds.sample_windows(batch_size=1, seq_len=100_000)
-    with pytest.raises(UserError, match=r"no manifest.json; not a finished tokenshards output"):
+    with pytest.raises(UserError, match=r"no manifest.json; not a finished tokenshards run"):
         TokenDataset(str(tmp_path))
     (tmp_path / "manifest.json").write_text('{"format": "tokenshards/9"}')
     with pytest.raises(UserError, match=r"format 'tokenshards/9', expected 'tokenshards/1'"):

@@ -105,16 +105,7 @@ class RunStats:
 def inspect_output(out: str, *, storage_options: dict | None = None, language_column: str = "language",
                    threads: int = 8) -> RunStats:
     """Read OUT's manifest, then every partition's docs file (and its input's language column)."""
-    fs, root = filesystem(out, storage_options)
-    try:
-        manifest = v1.read_manifest(fs, root)
-    except FileNotFoundError as e:
-        raise UserError(f"{out}: no {v1.MANIFEST}; not a finished tokenshards run (rerun the same tokenize command "
-                        "to finish an interrupted one)") from e
-    except ValueError as e:
-        raise UserError(f"{out}: {v1.MANIFEST} is not valid JSON ({e}); the run is damaged") from e
-    if manifest.get("format") != v1.FORMAT:
-        raise UserError(f"{out}: {v1.MANIFEST} has format {manifest.get('format')!r}; this tokenshards reads {v1.FORMAT!r}")
+    fs, root, manifest = v1.open_finished(out, storage_options)
     stats = RunStats(out=out, manifest=manifest, language_column=language_column)
     inputs = _InputCache(storage_options, language_column)
     parts = manifest["partitions"]

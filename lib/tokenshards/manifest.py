@@ -6,9 +6,9 @@ import json
 
 import fsspec
 
-from .errors import OutputConflict
+from .errors import OutputConflict, UserError
 from .plan import BadInput, InputFile, Piece
-from .store import join, read_json, write_json
+from .store import filesystem, join, read_json, write_json
 
 FORMAT = "tokenshards/1"
 MANIFEST = "manifest.json"
@@ -182,3 +182,19 @@ def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: dict) -> 
 
 def read_manifest(fs: fsspec.AbstractFileSystem, root: str) -> dict:
     return read_json(fs, join(root, MANIFEST))
+
+
+def open_finished(out: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str, dict]:
+    """(fs, root, manifest) of a finished run; anything else is a one-line ``UserError``."""
+    fs, root = filesystem(out, storage_options)
+    path = join(root, MANIFEST)
+    try:
+        manifest = read_manifest(fs, root)
+    except FileNotFoundError as e:
+        raise UserError(f"{out}: no {MANIFEST}; not a finished tokenshards run (is `tokenshards tokenize` still "
+                        "running, or was it interrupted? rerun the same command to finish it)") from e
+    except ValueError as e:
+        raise UserError(f"{path}: not valid JSON ({e}); rerun `tokenshards tokenize` to rewrite it") from e
+    if manifest.get("format") != FORMAT:
+        raise UserError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return fs, root, manifest

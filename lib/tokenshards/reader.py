@@ -35,18 +35,7 @@ class PartDocs:
 
 def open_manifest(out: str, storage_options: dict | None = None) -> tuple:
     """(fs, root, manifest) for OUT; a folder without a format v1 manifest is refused."""
-    fs, root = filesystem(out, storage_options)
-    path = join(root, v1.MANIFEST)
-    try:
-        manifest = v1.read_manifest(fs, root)
-    except FileNotFoundError as e:
-        raise UserError(f"{out}: no {v1.MANIFEST}; not a finished tokenshards output "
-                        "(is `tokenshards tokenize` still running, or did it fail?)") from e
-    except ValueError as e:
-        raise UserError(f"{path}: not valid JSON ({e}); rerun `tokenshards tokenize` to rewrite it") from e
-    if manifest.get("format") != v1.FORMAT:
-        raise UserError(f"{path}: format {manifest.get('format')!r}, expected {v1.FORMAT!r}")
-    return fs, root, manifest
+    return v1.open_finished(out, storage_options)
 
 
 class PartitionFiles:
