@@ -30,13 +30,21 @@ def _storage_options(pairs) -> dict:
     return with_env_endpoint(options, os.environ)
 
 
+def _add_cluster_arguments(p) -> None:
+    """Where a job runs: the same four options for every command that starts Dask work."""
+    p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
+    p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
+    p.add_argument("--cluster", metavar="CONFIG.yaml",
+                   help="cluster config: cluster_configs/{local,scheduler,slurm,kubernetes,ssh}.yaml or your own")
+    p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
+
+
 def _add_tokenize(sub) -> None:
     p = sub.add_parser("tokenize", help="tokenize parquet text into format v1 token arrays")
     p.add_argument("--input", action="append", default=[], metavar="PATH_OR_GLOB",
                    help="parquet file, folder, glob or URL (s3://, hf://); repeatable")
     p.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
-    p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
-    p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
+    _add_cluster_arguments(p)
     p.add_argument("--encoding", default="gpt2", help="tiktoken encoding name (default: gpt2)")
     p.add_argument("--backend", default="auto", choices=["auto", "tiktoken", "riptoken"],
                    help="tokenizer implementation; ids always equal tiktoken's (default auto: riptoken if "
@@ -47,15 +55,12 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--id-column", help="column of document ids (default: `id` when present, else FILE:ROW)")
     p.add_argument("--partition-mb", type=float, default=None,
                    help="text per partition in MB (default: 8.4, more for corpora over ~137 GB of text)")
-    p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
     p.add_argument("--progress", default="auto", choices=["auto", "bar", "log", "none"])
     p.add_argument("--on-bad-file", default="fail", choices=["fail", "skip"],
                    help="an unreadable input fails the job (default) or is skipped and recorded in the manifest")
     p.add_argument("--overwrite", action="store_true", help="replace a different earlier run in --out")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
-    p.add_argument("--cluster", metavar="CONFIG.yaml",
-                   help="cluster config: cluster_configs/{local,scheduler,slurm,kubernetes,ssh}.yaml or your own")
     p.add_argument("--report", metavar="FILE.html", help="save Dask's performance report of the run to FILE.html")
     _add_hub_arguments(p)
     p.add_argument("--download-dir", metavar="DIR",
@@ -170,12 +175,9 @@ def _add_train_bpe(sub) -> None:
                    help="count only about N bytes of text: whole partitions spread evenly over the corpus (e.g. 2G)")
     p.add_argument("--min-count", type=int, default=1, help="drop pre-tokens seen fewer times (default 1: keep all)")
     p.add_argument("--text-column", default="text")
-    p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
-    p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
-    p.add_argument("--cluster", metavar="CONFIG.yaml", help="cluster config, as for tokenize (cluster_configs/*.yaml)")
+    _add_cluster_arguments(p)
     p.add_argument("--partition-mb", type=float, default=None,
                    help="text per partition in MB (default: as tokenize chooses, 8 MiB or more for huge corpora)")
-    p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
     p.add_argument("--progress", default="auto", choices=["auto", "bar", "log", "none"])
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
@@ -211,9 +213,7 @@ def _add_export(sub) -> None:
                    help="validation tokens, whole documents chosen by a hash of their id; 0 for none (default 10,485,760)")
     p.add_argument("--prefix", metavar="NAME", help="file name prefix, llmc/npy/megatron (default fineweb)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export of this format in DEST")
-    p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
-    p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
-    p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
+    _add_cluster_arguments(p)
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT and DEST; repeatable")
     p.set_defaults(run=_run_export)
@@ -226,7 +226,7 @@ def _run_export(args) -> int:
     config = ExportConfig(out=args.out, format=args.format, to=args.to, shard_tokens=args.shard_tokens,
                           prefix=args.prefix, overwrite=args.overwrite, **given,
                           storage_options=_storage_options(args.storage_option), workers=args.workers,
-                          scheduler=args.scheduler, dashboard_address=args.dashboard_address)
+                          scheduler=args.scheduler, cluster_config=args.cluster, dashboard_address=args.dashboard_address)
     summary = run_export(config, announce=_say)
     for line in summary.lines():
         print(line)
@@ -239,10 +239,7 @@ def _add_verify(sub) -> None:
     p.add_argument("--deep", type=int, default=0, metavar="N",
                    help="also re-tokenize N random documents from the inputs and compare with tiktoken")
     p.add_argument("--seed", type=int, default=0, help="which documents --deep picks (default 0)")
-    p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
-    p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
-    p.add_argument("--cluster", metavar="CONFIG.yaml", help="cluster config, as for tokenize (cluster_configs/*.yaml)")
-    p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
+    _add_cluster_arguments(p)
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT and (with --deep) the inputs; repeatable")
     p.set_defaults(run=_run_verify)

@@ -53,6 +53,7 @@ class ExportConfig:
     # -- how it runs: never changes the output bytes --
     workers: int | None = None
     scheduler: str | None = None
+    cluster_config: str | None = None
     dashboard_address: str = ":8787"
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
@@ -130,7 +131,7 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
     _prepare_dest(dest_fs, dest_root, config)
 
     with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
-                 announce=announce) as client:
+                 announce=announce, cluster_config=config.cluster_config) as client:
         threshold = None
         val_docs = np.zeros(len(entries), dtype=np.int64)
         val_tokens = np.zeros(len(entries), dtype=np.int64)
