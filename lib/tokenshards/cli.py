@@ -39,6 +39,12 @@ def _add_cluster_arguments(p) -> None:
     p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
 
 
+def _run_options(args) -> dict:
+    """Storage and cluster settings, as every config that runs Dask work names them."""
+    return {"storage_options": _storage_options(args.storage_option), "workers": args.workers,
+            "scheduler": args.scheduler, "cluster_config": args.cluster, "dashboard_address": args.dashboard_address}
+
+
 def _add_tokenize(sub) -> None:
     p = sub.add_parser("tokenize", help="tokenize parquet text into format v1 token arrays")
     p.add_argument("--input", action="append", default=[], metavar="PATH_OR_GLOB",
@@ -117,10 +123,8 @@ def _run_tokenize(args) -> int:
         inputs=tuple(args.input), out=args.out, encoding=args.encoding, eot_position=args.eot,
         text_column=args.text_column, id_column=args.id_column,
         partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else None,
-        on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite,
-        storage_options=_storage_options(args.storage_option), workers=args.workers, scheduler=args.scheduler,
-        dashboard_address=args.dashboard_address, progress=args.progress,
-        cluster_config=args.cluster, report=args.report,
+        on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite, progress=args.progress,
+        report=args.report, **_run_options(args),
         hub=_hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch),
     )
     summary = run_tokenize(config, announce=_say)
@@ -190,9 +194,8 @@ def _run_train_bpe(args) -> int:
     config = TrainBpeConfig(
         inputs=tuple(args.input), out=args.out, vocab_size=args.vocab_size, specials=tuple(args.special),
         pattern=args.pattern, sample_bytes=args.sample_bytes, min_count=args.min_count, text_column=args.text_column,
-        partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else None,
-        storage_options=_storage_options(args.storage_option), workers=args.workers, scheduler=args.scheduler,
-        cluster_config=args.cluster, dashboard_address=args.dashboard_address, progress=args.progress,
+        partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else None, progress=args.progress,
+        **_run_options(args),
         hub=_hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch),
     )
     summary = run_train_bpe(config, announce=_say)
@@ -224,9 +227,7 @@ def _run_export(args) -> int:
 
     given = {"val_tokens": args.val_tokens} if args.val_tokens is not None else {}  # else ExportConfig's default
     config = ExportConfig(out=args.out, format=args.format, to=args.to, shard_tokens=args.shard_tokens,
-                          prefix=args.prefix, overwrite=args.overwrite, **given,
-                          storage_options=_storage_options(args.storage_option), workers=args.workers,
-                          scheduler=args.scheduler, cluster_config=args.cluster, dashboard_address=args.dashboard_address)
+                          prefix=args.prefix, overwrite=args.overwrite, **given, **_run_options(args))
     summary = run_export(config, announce=_say)
     for line in summary.lines():
         print(line)
@@ -248,9 +249,7 @@ def _add_verify(sub) -> None:
 def _run_verify(args) -> int:
     from .verify import VerifyConfig, run_verify
 
-    config = VerifyConfig(out=args.out, deep=args.deep, seed=args.seed, storage_options=_storage_options(args.storage_option),
-                          workers=args.workers, scheduler=args.scheduler, cluster_config=args.cluster,
-                          dashboard_address=args.dashboard_address)
+    config = VerifyConfig(out=args.out, deep=args.deep, seed=args.seed, **_run_options(args))
     report = run_verify(config, announce=_say)
     for line in report.lines():
         print(line)
