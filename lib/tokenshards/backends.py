@@ -6,8 +6,8 @@ tiktoken: on a verification sample when the job starts, and on a sample of every
 """
 from __future__ import annotations
 
+import array
 import importlib.metadata
-import itertools
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -16,6 +16,7 @@ import tiktoken
 from .errors import UserError
 
 BACKENDS = ("auto", "tiktoken", "riptoken")
+UINT32_CODE = next(code for code in ("I", "L") if array.array(code).itemsize == 4)
 CHECK_EVERY = 101
 """In every partition, documents 0, 101, 202, ... are re-encoded with tiktoken and compared
 (~1% of the work): a fast backend that disagrees fails the job instead of writing wrong ids."""
@@ -59,11 +60,16 @@ class RiptokenBackend:
         self.eot_token = params["special_tokens"].get("<|endoftext|>")
 
     def encode_many(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        # riptoken hands back Python lists; array.fromlist copies them in C, ~2x np.fromiter.
         encode = self.core.encode_ordinary
-        lists = [encode(text) for text in texts]
-        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-        flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.uint32, count=int(lengths.sum()))
-        return flat, lengths
+        flat = array.array(UINT32_CODE)
+        append_ids = flat.fromlist
+        lengths = np.empty(len(texts), dtype=np.int64)
+        for i, text in enumerate(texts):
+            ids = encode(text)
+            append_ids(ids)
+            lengths[i] = len(ids)
+        return np.frombuffer(flat, dtype=np.uint32), lengths
 
 
 class CheckedBackend:
