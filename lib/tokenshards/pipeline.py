@@ -152,6 +152,9 @@ def _run_pieces(client: Client, pending, part_job: PartitionJob, config: Tokeniz
     return (first start, last end) times of the tasks."""
     if not pending:
         return 0.0, 0.0
+    # Largest first (Dask runs them roughly in submission order): the small last partitions of
+    # each file then fill the final wave, so cores idle less at the end. Output does not change.
+    pending = sorted(pending, key=lambda p: (-p.text_bytes, p.index))
     # Our frames already hold Arrow strings; dask's convert-string pass would copy every text.
     with dask.config.set({"dataframe.convert-string": False}):
         frames = dd.from_map(read_piece, pending, text_column=config.text_column, storage_options=config.storage_options,
