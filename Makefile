@@ -30,7 +30,7 @@ TOKENIZE_FLAGS = --out $(OUT) --encoding $(ENCODING) \
 	$(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(REPORT),--report $(REPORT)) \
 	$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
 
-.PHONY: install tokenize download test bench demo-corpus clean scheduler worker inspect
+.PHONY: install tokenize download test bench demo-corpus clean scheduler worker inspect verify export
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,21 @@ worker: $(STAMP)
 PLOT ?=
 inspect: $(STAMP)
 	$(BIN)/tokenshards inspect $(OUT) $(if $(PLOT),--plot $(PLOT)) \
+		$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
+
+# make verify OUT=out/demo [DEEP=1000]
+DEEP ?=
+verify: $(STAMP)
+	$(BIN)/tokenshards verify $(OUT) $(if $(DEEP),--deep $(DEEP)) \
+		$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
+
+# make export OUT=out/demo FORMAT=llmc|npy|nanogpt|megatron [TO=out/demo-llmc] [VAL_TOKENS=64000]
+# (the default validation set, 10,485,760 tokens, is larger than the whole demo corpus)
+FORMAT ?= llmc
+TO ?= $(OUT)-$(FORMAT)
+VAL_TOKENS ?=
+export: $(STAMP)
+	$(BIN)/tokenshards export $(OUT) --format $(FORMAT) --to $(TO) $(if $(VAL_TOKENS),--val-tokens $(VAL_TOKENS)) \
 		$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
 
 bench: $(STAMP)
