@@ -65,7 +65,9 @@ def read_input_metadata(url: str, name: str, *, text_column: str, id_column: str
             meta = pq.ParquetFile(f).metadata
             schema = meta.schema.to_arrow_schema()
     except FileNotFoundError as e:
-        raise InputError(f"{url}: file not found") from e
+        # The client found it, a worker did not: the worker runs on another machine.
+        raise InputError(f"{url}: file not found on a worker; workers must see the same path as this machine "
+                         "(a shared filesystem, or s3://; for --dataset, --fetch workers)") from e
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{url}: not a readable parquet file ({str(e).splitlines()[0]}); re-download or remove it, "
                          "or pass --on-bad-file skip") from e
