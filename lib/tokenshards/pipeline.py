@@ -90,8 +90,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
         )
         job = manifest.identity_hash(identity)
         manifest.claim_output(out_fs, out_root, identity, url=config.out)
-        manifest.remove_stale_temporaries(out_fs, out_root)
-        abort_stale_uploads(out_fs, join(out_root, "parts"))
+        _clear_leftovers(out_fs, out_root)
         committed = manifest.committed_entries(out_fs, out_root, job=job, pieces=pieces)
         pending = [p for p in pieces if p.index not in committed]
         announce(f"{len(sources)} input files, {sum(f.rows for f in files):,} rows, "
@@ -106,6 +105,8 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
         started, finished = _run_pieces(client, pending, part_job, config, entries, bad, already_done=len(committed),
                                         announce=announce)
 
+    # A worker killed mid-write during this run left one too; every partition is committed now.
+    _clear_leftovers(out_fs, out_root)
     result = manifest.build_manifest(identity=identity, files=files, skipped=bad, entries=list(entries.values()),
                                      extra={"backend": backend_version(backend), "planned_partitions": len(pieces),
                                             **({"hub": listing.record()} if listing is not None else {})})
@@ -116,6 +117,13 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     return Summary(out=config.out, partitions=len(pieces), skipped_partitions=len(committed), docs=totals["docs"],
                    tokens=totals["tokens"], skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
                    seconds=time.perf_counter() - t0, tokenize_seconds=max(finished - started, 0.0))
+
+
+def _clear_leftovers(fs, root: str) -> None:
+    """What killed writers leave: local ``*.tmp`` files, unfinished S3 multipart uploads. Only
+    when no writer of this job is active (before its tasks start, after they all finished)."""
+    manifest.remove_stale_temporaries(fs, root)
+    abort_stale_uploads(fs, join(root, "parts"))
 
 
 def _performance_report(path: str | None):
