@@ -48,7 +48,6 @@ class PartitionJob:
     encoder_plugin: str
     dtype: str
     eot_position: str
-    text_column: str
     job: str
 
 
