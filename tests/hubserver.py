@@ -184,9 +184,11 @@ class _Handler(BaseHTTPRequestHandler):
         if "Content-Length" not in (headers or {}):
             self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        # Logged before the body goes out: a client that has the whole body must find its request
+        # in the log (logging after the write raced the test thread that reads the log).
+        self.hub.requests.append(Logged(self.command, self.path, self.headers.get("Range"), status))
         if not head:
             self.wfile.write(body)
-        self.hub.requests.append(Logged(self.command, self.path, self.headers.get("Range"), status))
 
     def _json(self, status: int, obj, headers: dict | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
