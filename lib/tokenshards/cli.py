@@ -6,6 +6,7 @@ import os
 import sys
 import traceback
 
+from . import interrupt
 from .errors import UserError
 
 
@@ -301,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    interrupt.install()
     try:
         return args.run(args)
     except UserError as e:

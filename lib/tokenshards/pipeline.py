@@ -11,7 +11,7 @@ import dask
 import dask.dataframe as dd
 from distributed import Client, as_completed, performance_report
 
-from . import hub, manifest
+from . import hub, interrupt, manifest
 from .cluster import connect
 from .config import TokenizeConfig
 from .backends import backend_version, choose_backend
@@ -105,6 +105,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
         started, finished = _run_pieces(client, pending, part_job, config, entries, bad, already_done=len(committed),
                                         announce=announce)
 
+    interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
     # A worker killed mid-write during this run left one too; every partition is committed now.
     _clear_leftovers(out_fs, out_root)
     result = manifest.build_manifest(identity=identity, files=files, skipped=bad, entries=list(entries.values()),
@@ -189,6 +190,7 @@ def _run_pieces(client: Client, pending, part_job: PartitionJob, config: Tokeniz
                 progress.update(0)
                 continue
             entries[piece.index] = row["entry"]
+            interrupt.check()
             first, last = min(first, row["started"]), max(last, row["finished"])
             progress.update(row["entry"]["tokens"])
             future.release()

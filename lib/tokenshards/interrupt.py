@@ -1,0 +1,42 @@
+"""Ctrl-C that cannot get lost.
+
+Python turns SIGINT into KeyboardInterrupt wherever the main thread happens to be; when that is
+inside a weakref callback or a ``__del__`` (Dask runs many), the exception is printed as
+"ignored" and the program carries on. The CLI's handler therefore also sets a flag, which the
+job checks between partitions and before it commits the manifest.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+_requested = threading.Event()
+
+
+def _on_sigint(signum, frame):
+    _requested.set()
+    raise KeyboardInterrupt
+
+
+def install() -> None:
+    """Route SIGINT through the flag (main thread only: that is where Python runs handlers), and
+    keep a swallowed KeyboardInterrupt from printing an "Exception ignored" traceback: the flag
+    already carries it to the next check."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is _on_sigint:
+        return
+    signal.signal(signal.SIGINT, _on_sigint)
+    previous_hook = sys.unraisablehook
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and _requested.is_set():
+            return
+        previous_hook(unraisable)
+
+    sys.unraisablehook = hook
+
+
+def check() -> None:
+    """Raise KeyboardInterrupt if Ctrl-C was pressed, even if its first raise was swallowed."""
+    if _requested.is_set():
+        raise KeyboardInterrupt
