@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import regex
 from distributed import Client, as_completed
 
+from .. import interrupt
 from ..errors import UserError
 from ..partition import read_piece
 from ..plan import Piece
@@ -150,6 +151,7 @@ def count_on_cluster(client: Client, pieces: list[Piece], *, pat_str: str, text_
             if future.status == "error":
                 _raise_for(piece, future)
             on_piece(piece)
+            interrupt.check()
             future.release()  # the tree node that needs it holds its own reference
         return root.result()
     except BaseException:

@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 from distributed import Client, as_completed
 
+from .. import interrupt
 from ..cluster import connect
 from ..errors import UserError
 from ..progress import human
@@ -262,6 +263,7 @@ def _write_files(client: Client, files, streams: Streams, parts: list[PartInfo],
             except Exception as e:
                 raise UserError(f"writing {config.to} failed: {type(e).__name__}: {e}") from e
             etags[name][number] = etag
+            interrupt.check()
             done += 1
             if done * 10 // len(futures) > (done - 1) * 10 // len(futures):
                 announce(f"chunks {done}/{len(futures)}")
