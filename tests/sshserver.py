@@ -96,6 +96,12 @@ def start_ssh_server(folder: Path):
             process.exit(transport.get_returncode())
         finally:
             _kill_group(pid)
+            # Let asyncio reap it first: closing the transport of a process still running leaves a
+            # Popen that warns "subprocess ... is still running" when collected (an error under -W error).
+            for _ in range(200):
+                if transport.get_returncode() is not None:
+                    break
+                await asyncio.sleep(0.05)
             transport.close()
             await asyncio.wait([relay.done], timeout=10)
             pids.discard(pid)
