@@ -18,7 +18,7 @@ from .backends import backend_version, choose_backend
 from .encoders import EncoderPlugin, load_encoding, plugin_name
 from .errors import UserError
 from .partition import FRAME_META, RECORD_META, PartitionJob, read_piece, tokenize_and_write
-from .plan import BadInput, InputFile, plan_pieces, read_input_or_bad
+from .plan import BadInput, plan_pieces, read_footers
 from .progress import Progress, human
 from .sources import resolve_inputs
 from .store import abort_stale_uploads, ensure_writable, filesystem, join, storage_options
@@ -76,7 +76,8 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
             announce(note)
         if listing is not None and config.hub.fetch == "workers":
             sources += hub.prepare_workers(client, config.hub, listing, announce=announce)
-        files, bad = _read_metadata(client, sources, config)
+        files, bad = read_footers(client, sources, text_column=config.text_column, id_column=config.id_column,
+                                  storage_options=config.storage_options, on_bad_file=config.on_bad_file)
         if not files:
             raise UserError("every input was skipped as unreadable; nothing to tokenize")
         for b in bad:
@@ -135,24 +136,6 @@ def _performance_report(path: str | None):
     if not os.path.isdir(folder):
         raise UserError(f"--report {path}: folder {folder} does not exist; create it or choose another file")
     return performance_report(filename=path)
-
-
-def _read_metadata(client: Client, sources, config: TokenizeConfig) -> tuple[list[InputFile], list[BadInput]]:
-    """Parquet footers are read by the workers: the client never opens a data file."""
-    futures = client.map(read_input_or_bad, [s.url for s in sources], [s.name for s in sources],
-                         on_bad_file=config.on_bad_file, text_column=config.text_column, id_column=config.id_column,
-                         storage_options=config.storage_options, pure=False)
-    try:
-        results = client.gather(futures)
-    except UserError:
-        raise
-    except Exception as e:  # botocore's own errors on a worker: no credentials there, no route to the store
-        url = next((s.url for s, f in zip(sources, futures) if f.status == "error"), "an input")
-        raise UserError(f"{url}: a worker could not read it ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-                        "check that every worker has credentials and network access to the inputs") from e
-    finally:
-        client.cancel(futures)
-    return [r for r in results if isinstance(r, InputFile)], [r for r in results if isinstance(r, BadInput)]
 
 
 def _run_pieces(client: Client, pending, part_job: PartitionJob, config: TokenizeConfig, entries: dict[int, dict],

@@ -19,7 +19,7 @@ from ..cluster import connect
 from ..config import auto_partition_bytes
 from ..errors import UserError
 from ..hub import HubDataset
-from ..plan import Piece, plan_pieces, read_input_metadata
+from ..plan import Piece, plan_pieces, read_footers
 from ..progress import format_eta, human
 from ..sources import resolve_inputs
 from . import ranks as ranks_io
@@ -183,12 +183,8 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
                  announce=announce, cluster_config=config.cluster_config) as client:
         if listing is not None and config.hub.fetch == "workers":
             sources += hub.prepare_workers(client, config.hub, listing, announce=announce)
-        futures = client.map(read_input_metadata, [s.url for s in sources], [s.name for s in sources],
-                             text_column=config.text_column, id_column=None, storage_options=config.storage_options, pure=False)
-        try:
-            files = client.gather(futures)
-        finally:
-            client.cancel(futures)
+        files, _ = read_footers(client, sources, text_column=config.text_column, id_column=None,
+                                storage_options=config.storage_options)
         corpus_bytes = sum(sum(f.row_group_text_bytes) for f in files)
         pieces = plan_pieces(files, target_bytes=config.partition_bytes or auto_partition_bytes(corpus_bytes))
         chosen = select_sample(pieces, config.sample_bytes)
