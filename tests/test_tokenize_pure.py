@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from tokenshards.backends import BackendMismatch, TiktokenBackend, build_backend, choose_backend
+from tokenshards.backends import (FAST_BACKENDS, BackendMismatch, TiktokenBackend, build_backend, choose_backend,
+                                  without_possessive_quantifiers)
 from tokenshards.errors import UserError
 from tokenshards.encoders import load_encoding
 from tokenshards.plan import InputFile, plan_pieces
@@ -24,7 +25,7 @@ AWKWARD = [
 ]
 
 
-@pytest.fixture(scope="module", params=["tiktoken", "riptoken"])
+@pytest.fixture(scope="module", params=["tiktoken", *FAST_BACKENDS])
 def backend(request):
     loaded = load_encoding("gpt2")
     return build_backend(request.param, loaded.encoding, loaded.params)
@@ -84,19 +85,45 @@ def test_plan_groups_row_groups_up_to_target_and_never_splits_one():
     assert plan_pieces(list(reversed(files)), target_bytes=100) == pieces
 
 
-def test_auto_backend_takes_riptoken_only_when_it_matches_tiktoken(gpt2):
+def test_auto_backend_takes_the_fastest_that_matches_tiktoken(gpt2):
     loaded = load_encoding("gpt2")
     name, why = choose_backend("auto", loaded.encoding, loaded.params)
-    assert name == "riptoken" and "verified against tiktoken" in why
+    assert name == "splintr" and "verified against tiktoken" in why
+    assert choose_backend("riptoken", loaded.encoding, loaded.params)[0] == "riptoken"
     assert choose_backend("tiktoken", loaded.encoding, loaded.params)[0] == "tiktoken"
     wrong = dict(loaded.params, pat_str=r"\S+|\s+")  # same ranks, other split: other ids
-    assert choose_backend("auto", loaded.encoding, wrong)[0] == "tiktoken"
-    with pytest.raises(UserError, match="--backend riptoken cannot be used for gpt2"):
-        choose_backend("riptoken", loaded.encoding, wrong)
+    name, why = choose_backend("auto", loaded.encoding, wrong)
+    assert name == "tiktoken" and "splintr not used" in why and "riptoken not used" in why
+    for fast in FAST_BACKENDS:
+        with pytest.raises(UserError, match=f"--backend {fast} cannot be used for gpt2"):
+            choose_backend(fast, loaded.encoding, wrong)
 
 
-def test_a_disagreeing_fast_backend_fails_the_batch(gpt2):
+@pytest.mark.parametrize("encoding", ["gpt2", "cl100k_base"])
+def test_fast_backends_match_tiktoken_on_real_prose(encoding):
+    """Beyond the awkward rows: every CPython doc topic, in both vocabulary sizes."""
+    from pydoc_data.topics import topics
+
+    loaded = load_encoding(encoding)
+    texts = [topics[k] for k in sorted(topics)]
+    want, want_lengths = TiktokenBackend(loaded.encoding).encode_many(texts)
+    for fast in FAST_BACKENDS:
+        got, lengths = build_backend(fast, loaded.encoding, loaded.params).encode_many(texts)
+        assert got.dtype == np.uint32 and np.array_equal(got, want) and np.array_equal(lengths, want_lengths), fast
+
+
+def test_possessive_quantifiers_are_dropped_outside_escapes_and_classes():
+    gpt2 = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+    assert without_possessive_quantifiers(gpt2) == r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+$|\s+(?!\S)|\s"""
+    cl100k = r"""[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s*[\r\n]"""
+    assert without_possessive_quantifiers(cl100k) == r"""[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]"""
+    for untouched in [r"\++", r"[+]+", r"a+?", r"(?:x)+", r"\p{L}+"]:
+        assert without_possessive_quantifiers(untouched) == untouched
+
+
+@pytest.mark.parametrize("fast", FAST_BACKENDS)
+def test_a_disagreeing_fast_backend_fails_the_batch(gpt2, fast):
     loaded = load_encoding("gpt2")
-    backend = build_backend("riptoken", gpt2, dict(loaded.params, pat_str=r"\S+|\s+"))
+    backend = build_backend(fast, gpt2, dict(loaded.params, pat_str=r"\S+|\s+"))
     with pytest.raises(BackendMismatch, match="disagrees with tiktoken"):
         backend.encode_many(["hello world, this is text"])
