@@ -1,7 +1,7 @@
 """Job entry point: `python jobs/export.py OUT --format llmc --to DEST` (same as `tokenshards export`)."""
 import sys
 
-from tokenshards.cli import main
+from tokenshards.cli import console_main
 
 if __name__ == "__main__":
-    sys.exit(main(["export", *sys.argv[1:]]))
+    console_main(["export", *sys.argv[1:]])

@@ -1,7 +1,7 @@
 """Job entry point: `python jobs/tokenize_corpus.py --input ... --out ...` (same as `tokenshards tokenize`)."""
 import sys
 
-from tokenshards.cli import main
+from tokenshards.cli import console_main
 
 if __name__ == "__main__":
-    sys.exit(main(["tokenize", *sys.argv[1:]]))
+    console_main(["tokenize", *sys.argv[1:]])
