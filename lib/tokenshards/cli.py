@@ -89,7 +89,7 @@ def _add_hub_arguments(p) -> None:
 
 def _hub_dataset(args, *, download_dir: str | None, fetch: str = "client"):
     """The ``--dataset/--size`` part of the command line, or None when not given."""
-    from .hub import HubDataset
+    from .hubspec import HubDataset
 
     if args.dataset is None and args.size is None:
         return None

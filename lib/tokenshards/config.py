@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .errors import UserError
-from .hub import HubDataset
+from .hubspec import HubDataset
 
 EOT_POSITIONS = ("prefix", "suffix", "none")
 ON_BAD_FILE = ("fail", "skip")

@@ -47,58 +47,13 @@ from huggingface_hub.errors import (
 from huggingface_hub.file_download import _cache_commit_hash_for_specific_revision, repo_folder_name
 
 from .errors import UserError
+from .hubspec import FETCH_MODES, SAMPLE_DIR, HubDataset, folder_size, size_folder  # noqa: F401 (this module's API too)
 from .progress import human
 from .sources import Source
 
-FETCH_MODES = ("client", "workers")
 PROTOCOL = "hfcache"
-SAMPLE_DIR = "sample"
-_SIZE = re.compile(r"(\d+)\s*BT?", re.IGNORECASE)
 _TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class HubDataset:
-    """A Hub dataset sample to tokenize, and where and how to fetch it."""
-
-    repo: str
-    size: str
-    revision: str = "main"
-    fetch: str = "client"
-    download_dir: str | None = None
-    """A plain folder holding ``sample/10BT/*.parquet`` (huggingface_hub's ``local_dir``), e.g. on a
-    shared filesystem; None: huggingface_hub's cache (``cache_dir``, default HF_HUB_CACHE)."""
-    cache_dir: str | None = None
-    endpoint: str | None = None
-    """None: HF_ENDPOINT, as huggingface_hub read it at import."""
-    keep_free: int = 2**30
-    """Bytes that must stay free on the download disk after the download."""
-    max_workers: int = 8
-    retries: int = 5
-    backoff: float = 1.0
-    """Seconds before the first retry of a transient error; doubles each time, at most 60 s."""
-
-    def __post_init__(self):
-        if self.repo.count("/") != 1 or not all(self.repo.split("/")):
-            raise UserError(f"--dataset {self.repo!r}: expected a dataset repo id OWNER/NAME, e.g. HuggingFaceFW/fineweb")
-        size_folder(self.size)  # validates
-        if self.fetch not in FETCH_MODES:
-            raise UserError(f"fetch={self.fetch!r} not supported, expected one of {FETCH_MODES}")
-        if self.max_workers < 1 or self.retries < 0 or self.keep_free < 0:
-            raise UserError("max_workers must be at least 1, retries and keep_free at least 0")
-
-    @property
-    def folder(self) -> str:
-        return size_folder(self.size)
-
-    @property
-    def hub_endpoint(self) -> str:
-        return (self.endpoint or constants.ENDPOINT).rstrip("/")
-
-    @property
-    def hub_cache(self) -> str:
-        return self.cache_dir or constants.HF_HUB_CACHE
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,20 +88,6 @@ class HubListing:
 
 
 # -- pure helpers --
-
-def size_folder(size: str) -> str:
-    """``10B`` (or ``10BT``) → ``sample/10BT``: FineWeb's and FineWeb-Edu's sample folders."""
-    m = _SIZE.fullmatch(size.strip())
-    if not m:
-        raise UserError(f"--size {size!r}: expected a sample size such as 10B, 100B or 350B")
-    return f"{SAMPLE_DIR}/{int(m.group(1))}BT"
-
-
-def folder_size(folder: str) -> str:
-    """``sample/10BT`` → ``10B``, the spelling ``--size`` takes."""
-    name = folder.rstrip("/").rsplit("/", 1)[-1]
-    return name[:-1] if name.upper().endswith("BT") else name
-
 
 def check_disk(*, need: int, free: int, keep_free: int, where: str, what: str) -> None:
     """Refuse before downloading rather than fill the disk halfway through."""

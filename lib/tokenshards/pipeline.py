@@ -11,7 +11,7 @@ import dask
 import dask.dataframe as dd
 from distributed import Client, as_completed, performance_report
 
-from . import hub, interrupt, manifest
+from . import interrupt, manifest
 from .cluster import connect
 from .config import TokenizeConfig
 from .backends import backend_version, choose_backend
@@ -66,6 +66,8 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     spec = loaded.spec
     backend, backend_note = choose_backend(config.backend, loaded.encoding, loaded.params)
     encoding_notes.append(f"tokenizer: {backend_note}")
+    if config.hub:
+        from . import hub  # huggingface_hub: imported only by runs that read the Hub
     listing = hub.list_files(config.hub) if config.hub else None
     if listing is not None and config.hub.fetch == "client":
         sources += hub.download(config.hub, listing, announce=announce)

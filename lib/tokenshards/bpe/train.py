@@ -14,11 +14,10 @@ from typing import Callable, TextIO
 
 import tiktoken
 
-from .. import hub
 from ..cluster import connect
 from ..config import auto_partition_bytes
 from ..errors import UserError
-from ..hub import HubDataset
+from ..hubspec import HubDataset
 from ..plan import Piece, plan_pieces, read_footers
 from ..progress import format_eta, human
 from ..sources import resolve_inputs
@@ -175,6 +174,8 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         raise UserError(f"--pattern: tiktoken cannot compile {pat_str!r} ({e}); use gpt2, cl100k or a regex it accepts") from e
     sources = resolve_inputs(config.inputs, config.storage_options) if config.inputs else []
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
+    if config.hub:
+        from .. import hub  # huggingface_hub: imported only by runs that read the Hub
     listing = hub.list_files(config.hub) if config.hub else None
     if listing is not None and config.hub.fetch == "client":
         sources += hub.download(config.hub, listing, announce=announce)
