@@ -101,11 +101,14 @@ def test_auto_backend_takes_the_fastest_that_matches_tiktoken(gpt2):
 
 @pytest.mark.parametrize("encoding", ["gpt2", "cl100k_base"])
 def test_fast_backends_match_tiktoken_on_real_prose(encoding):
-    """Beyond the awkward rows: every CPython doc topic, in both vocabulary sizes."""
+    """Beyond the awkward rows: the start-up sample (Unicode spaces, astral letters) and every
+    CPython doc topic, in both vocabulary sizes."""
     from pydoc_data.topics import topics
 
+    from tokenshards.backends import verification_texts
+
     loaded = load_encoding(encoding)
-    texts = [topics[k] for k in sorted(topics)]
+    texts = verification_texts() + [topics[k] for k in sorted(topics)]
     want, want_lengths = TiktokenBackend(loaded.encoding).encode_many(texts)
     for fast in FAST_BACKENDS:
         got, lengths = build_backend(fast, loaded.encoding, loaded.params).encode_many(texts)

@@ -171,6 +171,11 @@ def verification_texts() -> list[str]:
         "שלום עולם مرحبا", "中文、日本語、한국어", "NUL\x00byte", "a" * 20_000, "don't I'LL we've 123456789 1,000.5",
         "e\u0301 \ufeff \u200b", "    indented\r\n\r\ncode()  ", "x" + " " * 500 + "y",
     ]
+    # Every Unicode White_Space character (regex engines disagree on what \s is) and letters and
+    # digits outside the basic planes (and on which Unicode version \p{L} / \p{N} follow).
+    for space in "\u00a0\u1680\u2000\u2005\u200a\u2028\u2029\u202f\u205f\u3000\u0085\x0b\x0c\x1c\x1f":
+        awkward.append(f"a{space}b a {space}b a{space} b{space}{space}1{space}2 !{space}? x{space}\n{space}")
+    awkward += ["ǅ ǈ ⅷ Ⅻ ① ½ ² ٣ ߁ 𝟘 𝐀 ʰ 〆 ヽ", "\U0001F600\U0001FAE8 \U00031350 \U0002EBF0 ꟊ 𑵀 𞀰 \U0001E4D0"]
     return awkward + [topics[k] for k in sorted(topics)[:60]]
 
 
