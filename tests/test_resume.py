@@ -99,6 +99,33 @@ def test_rerun_of_a_finished_run_changes_nothing(big_corpus, clean_run, tmp_path
     assert _files(out) == before
 
 
+def test_resume_with_another_backend_records_both(big_corpus, clean_run, tmp_path, cluster):
+    """The same bytes whichever tokenizer wrote a partition; the manifest says which ones did."""
+    import json
+    import shutil
+
+    from tokenshards.verify import VerifyConfig, run_verify
+
+    out = tmp_path / "mixed"
+    shutil.copytree(clean_run, out)
+    for done in sorted((out / "parts").glob("*.done.json"))[::2]:  # as if killed before these committed
+        done.unlink()
+    summary = run_tokenize(TokenizeConfig(inputs=(str(big_corpus),), out=str(out), partition_bytes=PARTITION_BYTES,
+                                          scheduler=cluster.scheduler_address, progress="none", backend="tiktoken"),
+                           announce=lambda m: None)
+    assert 0 < summary.skipped_partitions < summary.partitions
+    data = [{k: v for k, v in _files(o).items() if k.endswith((".npy", ".parquet"))} for o in (out, clean_run)]
+    assert data[0] == data[1]
+    written = json.loads((out / "manifest.json").read_text())
+    by_backend = {e["backend"].split()[0] for e in written["partitions"]}
+    assert by_backend == {"splintr", "tiktoken"}
+    assert written["backend"].startswith("splintr ") and ", tiktoken " in written["backend"]
+    assert [e["sha256"] for e in written["partitions"]] == \
+           [e["sha256"] for e in json.loads((clean_run / "manifest.json").read_text())["partitions"]]
+    report = run_verify(VerifyConfig(out=str(out), scheduler=cluster.scheduler_address), announce=lambda m: None)
+    assert not report.problems
+
+
 def test_ctrl_c_stops_cleanly_and_leaves_only_committed_or_temporary_files(big_corpus, tmp_path):
     import os
     import signal

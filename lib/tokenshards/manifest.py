@@ -53,9 +53,10 @@ def identity_hash(identity: dict) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
-def partition_entry(piece: Piece, *, docs: int, skipped_null: int, skipped_empty: int, tokens: int, sha256: str) -> dict:
+def partition_entry(piece: Piece, *, docs: int, skipped_null: int, skipped_empty: int, tokens: int, sha256: str,
+                    backend: str = "") -> dict:
     """A manifest ``partitions`` entry: also the body of the partition's done record."""
-    return {
+    entry = {
         "index": piece.index,
         "input": piece.input,
         "row_groups": list(piece.row_groups),
@@ -68,6 +69,9 @@ def partition_entry(piece: Piece, *, docs: int, skipped_null: int, skipped_empty
         "docs_file": docs_file(piece.index),
         "sha256": sha256,
     }
+    if backend:
+        entry["backend"] = backend
+    return entry
 
 
 def done_record(entry: dict, job: str) -> dict:
@@ -166,6 +170,10 @@ def build_manifest(*, identity: dict, files: list[InputFile], skipped: list[BadI
         manifest["skipped_inputs"] = [_skipped_entry(b) for b in skipped]
     if extra:
         manifest.update(extra)
+    # Which tokenizers wrote the partitions: a resumed run's earlier partitions keep theirs.
+    used = sorted({e["backend"] for e in entries if e.get("backend")})
+    if used:
+        manifest["backend"] = ", ".join(used)
     return manifest
 
 

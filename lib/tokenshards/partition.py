@@ -49,6 +49,9 @@ class PartitionJob:
     dtype: str
     eot_position: str
     job: str
+    backend: str = ""
+    """The tokenizer that writes this run's partitions (``"splintr 0.22.0"``), recorded in each
+    done record: a resumed run may have written its partitions with another."""
 
 
 def read_piece(piece: Piece, *, text_column: str, storage_options: dict, on_bad_file: str = "fail") -> pd.DataFrame:
@@ -121,7 +124,7 @@ def tokenize_and_write(frame: pd.DataFrame, *, job: PartitionJob) -> pd.DataFram
     write_atomic(fs, join(root, manifest.docs_file(piece.index)), _parquet_bytes(docs))
     entry = manifest.partition_entry(
         piece, docs=len(batch.lengths), skipped_null=batch.skipped_null, skipped_empty=batch.skipped_empty,
-        tokens=int(len(batch.tokens)), sha256=hashlib.sha256(tokens_bytes).hexdigest(),
+        tokens=int(len(batch.tokens)), sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend=job.backend,
     )
     # The done record goes last: its presence is what commits the partition.
     write_atomic(fs, join(root, manifest.done_file(piece.index)), json.dumps(manifest.done_record(entry, job.job)).encode())

@@ -103,7 +103,8 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
         client.register_plugin(EncoderPlugin(loaded, backend=backend))
         part_job = PartitionJob(out=config.out, storage_options=config.storage_options,
                                 encoder_plugin=plugin_name(loaded, backend=backend),
-                                dtype=spec.dtype, eot_position=config.eot_position, job=job)
+                                dtype=spec.dtype, eot_position=config.eot_position, job=job,
+                                backend=backend_version(backend))
         entries = dict(committed)
         started, finished = _run_pieces(client, pending, part_job, config, entries, bad, already_done=len(committed),
                                         announce=announce)
