@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from distributed import Client
 
+from . import interrupt
 from . import manifest as v1
 from .config import EOT_POSITIONS
 from .encoders import EncoderPlugin, load_encoding, plugin_name, token_dtype, worker_encoding
@@ -555,6 +556,7 @@ def _verify_partitions(client: Client, entries: list[dict], sample: dict[int, li
                          out=out, storage_options=config.storage_options, expected=expected, pure=False)
     try:
         results = client.gather(futures)
+        interrupt.check()  # a Ctrl-C swallowed inside Dask must not end in a clean report
     finally:
         client.cancel(futures)
     problems = [p for partition_problems, _ in results for p in partition_problems]
