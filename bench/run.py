@@ -212,7 +212,8 @@ def main() -> None:
     print(f"corpus: {a.mb:g} MB of text ({source}), {a.workers} workers, median of {a.repeats} interleaved runs")
     print(f"ceiling (bare tiktoken x{a.workers}): {ceiling / 1e6:.2f} M tokens/s; mp.Pool baseline: {baseline / 1e6:.2f} M tokens/s")
     for b, r in results["ratios"].items():
-        print(f"tokenshards --backend {b}: whole command {r['whole_command_vs_ceiling']:.2f} of ceiling, tokenizing phase "
+        rate = results["medians_tokens_per_s"][f"ours_{b}"]
+        print(f"tokenshards --backend {b}: {rate / 1e6:.2f} M tokens/s, whole command {r['whole_command_vs_ceiling']:.2f} of ceiling, tokenizing phase "
               f"{r['tokenizing_phase_vs_ceiling']:.2f}, {r['whole_command_vs_mp_pool']:.2f}x mp.Pool, peak RSS {r['peak_rss_mb']:.0f} MB")
     if memory:
         big_run = memory["larger_corpus_run"]
