@@ -20,12 +20,13 @@ PARTITION_BYTES = 250_000
 
 @pytest.fixture(scope="module")
 def big_corpus(tmp_path_factory):
-    """~12 MB of real text (pydoc's topics, repeated with a varying prefix): some seconds of work
-    on two workers, so there is time to kill things mid-run."""
+    """~25 MB of real text (pydoc's topics, repeated with a varying prefix): over a second of
+    tokenizing on two workers even with the fastest backend, so there is time to kill things
+    mid-run (the window after the first commits was ~0.6 s at a third of this size)."""
     root = tmp_path_factory.mktemp("big")
     topics = [text for _, text in help_topics()]
     for shard in range(3):
-        texts = [f"copy {shard}.{i}\n{topics[i % len(topics)]}" for i in range(2 * len(topics) * 3)]
+        texts = [f"copy {shard}.{i}\n{topics[i % len(topics)]}" for i in range(2 * len(topics) * 9)]
         pq.write_table(pa.table({"text": texts, "id": [f"{shard}-{i}" for i in range(len(texts))]}),
                        root / f"shard{shard}.parquet", row_group_size=40)
     return root
