@@ -7,7 +7,6 @@ tiktoken: on a verification sample when the job starts, and on a sample of every
 from __future__ import annotations
 
 import array
-import base64
 import importlib.metadata
 import re
 from typing import Protocol, Sequence
@@ -89,8 +88,9 @@ class SplintrBackend:
     def __init__(self, params: dict):
         import splintr
 
-        ranks = sorted(params["mergeable_ranks"].items(), key=lambda kv: kv[1])
-        vocab = b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in ranks)
+        from .bpe.ranks import dump_ranks
+
+        vocab = dump_ranks(params["mergeable_ranks"])  # the .tiktoken format splintr reads
         tokenizer = splintr.Tokenizer.from_bytes(vocab, without_possessive_quantifiers(params["pat_str"]), {})
         try:
             tokenizer = tokenizer.pcre2(True)

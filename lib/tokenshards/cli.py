@@ -316,16 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def exit_with(code: int):
-    """End the process with ``code``. Freezing the heap first spares interpreter shutdown a final
-    collection over every object Dask left behind (~0.3 s of a tokenize run measured here)."""
+def console_main(argv: list[str] | None = None):
+    """The ``tokenshards`` command. Freezing the heap before exiting spares interpreter shutdown a
+    final collection over every object Dask left behind (~0.3 s of a tokenize run measured here)."""
+    code = main(argv)
     gc.freeze()
     sys.exit(code)
-
-
-def console_main(argv: list[str] | None = None):
-    """The ``tokenshards`` command."""
-    exit_with(main(argv))
 
 
 if __name__ == "__main__":

@@ -113,7 +113,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     # A worker killed mid-write during this run left one too; every partition is committed now.
     _clear_leftovers(out_fs, out_root)
     result = manifest.build_manifest(identity=identity, files=files, skipped=bad, entries=list(entries.values()),
-                                     extra={"backend": backend_version(backend), "planned_partitions": len(pieces),
+                                     extra={"planned_partitions": len(pieces),
                                             **({"hub": listing.record()} if listing is not None else {})})
     manifest.write_manifest(out_fs, out_root, result)
     if config.report:
