@@ -18,7 +18,24 @@ manifest and the scheduler's task count stay bounded whatever the corpus (docs/s
 
 
 @dataclass(frozen=True, kw_only=True)
-class TokenizeConfig:
+class RunOptions:
+    """Where a job runs and how it reaches storage: every command that starts Dask work takes
+    these, and none of them changes what the job writes."""
+
+    storage_options: dict = field(default_factory=dict)
+    workers: int | None = None
+    scheduler: str | None = None
+    cluster_config: str | None = None
+    """A ``cluster_configs/*.yaml``: local, an existing scheduler, SLURM, Kubernetes, SSH."""
+    dashboard_address: str = ":8787"
+
+    def __post_init__(self):
+        if self.workers is not None and self.workers < 1:
+            raise UserError(f"workers={self.workers} must be at least 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeConfig(RunOptions):
     """Everything that decides *what* a run writes (and, below the line, *how* it runs)."""
 
     inputs: tuple[str, ...]
@@ -34,19 +51,15 @@ class TokenizeConfig:
     backend: str = "auto"
     """Tokenizer implementation: never changes the ids (a fast one is verified against tiktoken)."""
     overwrite: bool = False
-    storage_options: dict = field(default_factory=dict)
     hub: HubDataset | None = None
     """A Hub dataset sample (``--dataset/--size``), tokenized after (or besides) ``inputs``."""
-    # -- how it runs: never changes the output bytes --
-    workers: int | None = None
-    scheduler: str | None = None
-    cluster_config: str | None = None
-    dashboard_address: str = ":8787"
+    # -- how it runs (and RunOptions): never changes the output bytes --
     progress: str = "auto"
     report: str | None = None
     retries: int = 2
 
     def __post_init__(self):
+        super().__post_init__()
         if not self.inputs and self.hub is None:
             raise UserError("no input given: pass --input PATH_OR_GLOB (or --dataset REPO --size SIZE)")
         if self.eot_position not in EOT_POSITIONS:
@@ -55,8 +68,6 @@ class TokenizeConfig:
             raise UserError(f"on_bad_file={self.on_bad_file!r} not supported, expected one of {ON_BAD_FILE}")
         if self.partition_bytes is not None and self.partition_bytes < 1:
             raise UserError(f"partition_bytes={self.partition_bytes} must be positive")
-        if self.workers is not None and self.workers < 1:
-            raise UserError(f"workers={self.workers} must be at least 1")
         if self.progress not in ("auto", "bar", "log", "none"):
             raise UserError(f"progress={self.progress!r} not supported, expected auto, bar, log or none")
 

@@ -14,7 +14,7 @@ import hashlib
 import io
 import random
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -24,7 +24,7 @@ from distributed import Client
 
 from . import interrupt
 from . import manifest as v1
-from .config import EOT_POSITIONS
+from .config import EOT_POSITIONS, RunOptions
 from .encoders import EncoderPlugin, load_encoding, plugin_name, token_dtype, worker_encoding
 from .errors import UserError
 from .store import filesystem, is_local, join, read_json, storage_options
@@ -42,27 +42,20 @@ TEMPORARY_SUFFIX = ".tmp"
 
 
 @dataclass(frozen=True, kw_only=True)
-class VerifyConfig:
-    """What to check and where it runs; the CLI fills it."""
+class VerifyConfig(RunOptions):
+    """What to check and where it runs (verify where the run was made: ``cluster_config``); the CLI fills it."""
 
     out: str
     deep: int = 0
     """Documents to re-tokenize from the inputs (0: none)."""
     seed: int = 0
-    storage_options: dict = field(default_factory=dict)
-    workers: int | None = None
-    scheduler: str | None = None
-    cluster_config: str | None = None
-    """A ``cluster_configs/*.yaml``: verify where the run was made (SLURM, Kubernetes, SSH...)."""
-    dashboard_address: str = ":8787"
 
     def __post_init__(self):
+        super().__post_init__()
         # Credentials must not show in a repr or in distributed's log of a failed task.
         object.__setattr__(self, "storage_options", storage_options(self.storage_options))
         if self.deep < 0:
             raise UserError(f"deep={self.deep} must be 0 or more documents")
-        if self.workers is not None and self.workers < 1:
-            raise UserError(f"workers={self.workers} must be at least 1")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, TextIO
 
 import tiktoken
 
 from ..cluster import connect
-from ..config import auto_partition_bytes
+from ..config import RunOptions, auto_partition_bytes
 from ..errors import UserError
 from ..hubspec import HubDataset
 from ..plan import Piece, plan_pieces, read_footers
@@ -29,7 +29,7 @@ PROGRESS_MODES = ("auto", "bar", "log", "none")
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainBpeConfig:
+class TrainBpeConfig(RunOptions):
     """Everything that decides the trained vocabulary (and, below the line, how the run goes)."""
 
     inputs: tuple[str, ...]
@@ -50,17 +50,13 @@ class TrainBpeConfig:
     """Every N-th row of each file is held back from counting; 0 holds back nothing."""
     heldout_bytes: int = 2_000_000
     """At most this much held-back text reaches the client to measure compression."""
-    storage_options: dict = field(default_factory=dict)
     hub: HubDataset | None = None
     """``--dataset/--size``: a Hub sample, downloaded like ``tokenize`` does (added to ``inputs``)."""
-    # -- how it runs: never changes the ranks --
-    workers: int | None = None
-    scheduler: str | None = None
-    cluster_config: str | None = None
-    dashboard_address: str = ":8787"
+    # -- how it runs (and RunOptions): never changes the ranks --
     progress: str = "auto"
 
     def __post_init__(self):
+        super().__post_init__()
         if not self.inputs and self.hub is None:
             raise UserError("no input given: pass --input PATH_OR_GLOB or --dataset REPO --size SIZE")
         if not self.out.endswith(ranks_io.SUFFIX):

@@ -10,7 +10,7 @@ import fnmatch
 import posixpath
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -18,6 +18,7 @@ from distributed import Client, as_completed
 
 from .. import interrupt
 from ..cluster import connect
+from ..config import RunOptions
 from ..errors import UserError
 from ..progress import human
 from ..reader import open_manifest
@@ -38,7 +39,7 @@ RECORD_FORMAT = "tokenshards-export/1"
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExportConfig:
+class ExportConfig(RunOptions):
     """What decides the exported bytes (above the line) and how the job runs (below it)."""
 
     out: str
@@ -50,15 +51,11 @@ class ExportConfig:
     prefix: str | None = None
     """None: ``fineweb`` for llmc, npy and megatron; nanogpt's names are fixed."""
     overwrite: bool = False
-    storage_options: dict = field(default_factory=dict)
-    # -- how it runs: never changes the output bytes --
-    workers: int | None = None
-    scheduler: str | None = None
-    cluster_config: str | None = None
-    dashboard_address: str = ":8787"
+    # -- how it runs (and RunOptions): never changes the output bytes --
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
     def __post_init__(self):
+        super().__post_init__()
         if self.format not in formats.FORMATS:
             raise UserError(f"format={self.format!r} not supported, expected one of {formats.FORMATS}")
         if self.shard_tokens is not None:
@@ -78,8 +75,6 @@ class ExportConfig:
                 raise UserError(f"prefix={self.prefix!r}: expected a plain file name prefix such as 'fineweb'")
         if self.chunk_bytes < 1:
             raise UserError(f"chunk_bytes={self.chunk_bytes} must be positive")
-        if self.workers is not None and self.workers < 1:
-            raise UserError(f"workers={self.workers} must be at least 1")
 
     @property
     def name_prefix(self) -> str:
