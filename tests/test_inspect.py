@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 
 import numpy as np
 import pytest
 
 from conftest import write_parquet
 from readback import expected_tokens, read_documents
-from s3server import S3Server, s3  # noqa: F401  (s3 is a fixture)
+from s3server import s3  # noqa: F401  (s3 is a fixture)
 from tokenshards.cli import main
 from tokenshards.errors import UserError
 from tokenshards.inspect_run import BIN_WIDTH, LENGTH_EDGES, PartitionStats, RunStats, inspect_output, plot_lengths

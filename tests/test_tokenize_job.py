@@ -5,7 +5,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from distributed import LocalCluster
 

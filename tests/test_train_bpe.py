@@ -12,7 +12,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import tiktoken
 
 from conftest import write_parquet
 from readback import expected_tokens, read_documents

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from . import manifest as v1
 from .errors import UserError
-from .store import filesystem, is_local, join
+from .store import is_local, join
 
 NPY_HEAD_PROBE = 4096
 """Bytes read to parse a ``.npy`` header; np.save pads 1-D headers to 64 or 128 bytes."""
