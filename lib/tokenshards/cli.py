@@ -47,6 +47,20 @@ def _run_options(args) -> dict:
             "scheduler": args.scheduler, "cluster_config": args.cluster, "dashboard_address": args.dashboard_address}
 
 
+def _corpus_options(args) -> dict:
+    """The corpus, how it is cut and how progress shows, as tokenize and train-bpe both take them."""
+    return {"inputs": tuple(args.input), "text_column": args.text_column,
+            "partition_bytes": int(args.partition_mb * 1e6) if args.partition_mb else None,
+            "progress": args.progress, "hub": _hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch)}
+
+
+def _print_lines(result) -> int:
+    """A finished job's summary on stdout; exit status 0."""
+    for line in result.lines():
+        print(line)
+    return 0
+
+
 def _add_tokenize(sub) -> None:
     p = sub.add_parser("tokenize", help="tokenize parquet text into format v1 token arrays")
     p.add_argument("--input", action="append", default=[], metavar="PATH_OR_GLOB",
@@ -122,17 +136,11 @@ def _run_tokenize(args) -> int:
     from .pipeline import run_tokenize
 
     config = TokenizeConfig(
-        inputs=tuple(args.input), out=args.out, encoding=args.encoding, eot_position=args.eot,
-        text_column=args.text_column, id_column=args.id_column,
-        partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else None,
-        on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite, progress=args.progress,
-        report=args.report, **_run_options(args),
-        hub=_hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch),
+        out=args.out, encoding=args.encoding, eot_position=args.eot, id_column=args.id_column,
+        on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite, report=args.report,
+        **_corpus_options(args), **_run_options(args),
     )
-    summary = run_tokenize(config, announce=_say)
-    for line in summary.lines():
-        print(line)
-    return 0
+    return _print_lines(run_tokenize(config, announce=_say))
 
 
 def _add_demo(sub) -> None:
@@ -194,16 +202,10 @@ def _run_train_bpe(args) -> int:
     from .bpe.train import TrainBpeConfig, run_train_bpe
 
     config = TrainBpeConfig(
-        inputs=tuple(args.input), out=args.out, vocab_size=args.vocab_size, specials=tuple(args.special),
-        pattern=args.pattern, sample_bytes=args.sample_bytes, min_count=args.min_count, text_column=args.text_column,
-        partition_bytes=int(args.partition_mb * 1e6) if args.partition_mb else None, progress=args.progress,
-        **_run_options(args),
-        hub=_hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch),
+        out=args.out, vocab_size=args.vocab_size, specials=tuple(args.special), pattern=args.pattern,
+        sample_bytes=args.sample_bytes, min_count=args.min_count, **_corpus_options(args), **_run_options(args),
     )
-    summary = run_train_bpe(config, announce=_say)
-    for line in summary.lines():
-        print(line)
-    return 0
+    return _print_lines(run_train_bpe(config, announce=_say))
 
 
 def _add_export(sub) -> None:
@@ -230,10 +232,7 @@ def _run_export(args) -> int:
     given = {"val_tokens": args.val_tokens} if args.val_tokens is not None else {}  # else ExportConfig's default
     config = ExportConfig(out=args.out, format=args.format, to=args.to, shard_tokens=args.shard_tokens,
                           prefix=args.prefix, overwrite=args.overwrite, **given, **_run_options(args))
-    summary = run_export(config, announce=_say)
-    for line in summary.lines():
-        print(line)
-    return 0
+    return _print_lines(run_export(config, announce=_say))
 
 
 def _add_verify(sub) -> None:
