@@ -28,10 +28,11 @@ class DaskProcesses:
         self.scheduler: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
         # Own process group: SIGKILL takes the nanny and its worker together, like a lost machine.
         with open(self.log_dir / f"{name}.log", "wb") as log:
-            return subprocess.Popen([DASK, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen([DASK, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env={**os.environ, **(env or {})})
 
     def start_scheduler(self) -> None:
         self.scheduler = self._spawn("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", str(self.port),
@@ -43,9 +44,10 @@ class DaskProcesses:
             time.sleep(0.1)
         raise RuntimeError(f"dask scheduler did not listen on {self.port}")
 
-    def start_worker(self) -> subprocess.Popen:
+    def start_worker(self, env: dict | None = None) -> subprocess.Popen:
+        """``env``: extra environment variables, e.g. a PYTHONPATH that makes this machine differ."""
         worker = self._spawn(f"worker{len(self.workers)}", ["worker", self.address, "--nthreads", "1",
-                                                            "--no-dashboard", "--host", "127.0.0.1"])
+                                                            "--no-dashboard", "--host", "127.0.0.1"], env=env)
         self.workers.append(worker)
         return worker
 
@@ -79,7 +81,8 @@ def dask_processes(log_dir: Path, *, workers: int = 2):
         procs.start_scheduler()
         for _ in range(workers):
             procs.start_worker()
-        procs.wait_for_workers(workers)
+        if workers:
+            procs.wait_for_workers(workers)
         yield procs
     finally:
         procs.close()

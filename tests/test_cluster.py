@@ -271,3 +271,25 @@ def test_report_into_a_missing_folder_fails_before_any_work(tmp_path, corpus):
 def test_a_folder_is_not_a_config(tmp_path):
     with pytest.raises(UserError, match=r"cannot read cluster config .*: Is a directory"):
         load_cluster_config(str(tmp_path))
+
+
+def test_a_worker_without_the_fast_backend_is_a_one_line_error(tmp_path, corpus):
+    """The client verified splintr, one machine of the cluster cannot import it: the user is told
+    which worker, and what to do, in one line (not a traceback from inside the plugin)."""
+    from daskprocs import dask_processes
+
+    shadow = tmp_path / "shadow" / "splintr"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('splintr is not installed on this machine')\n")
+    with dask_processes(tmp_path, workers=0) as procs:
+        procs.start_worker(env={"PYTHONPATH": str(shadow.parent)})
+        procs.wait_for_workers(1)
+        proc = subprocess.run([str(Path(sys.executable).with_name("tokenshards")), "tokenize", "--input", str(corpus),
+                               "--out", str(tmp_path / "out"), "--scheduler", procs.address, "--progress", "none"],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    [error] = [line for line in proc.stderr.splitlines() if line.startswith("tokenshards: error:")]
+    assert re.search(r"worker tcp://127\.0\.0\.1:\d+ cannot load the splintr backend \(.*not installed on this "
+                     r"machine\); install tokenshards\[fast\] on every worker, or pass --backend tiktoken", error), error
+    assert not (tmp_path / "out" / "manifest.json").exists()

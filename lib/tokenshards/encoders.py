@@ -179,7 +179,11 @@ class EncoderPlugin(WorkerPlugin):
         from .backends import build_backend
 
         self.encoding = tiktoken.Encoding(**self.params)
-        self.backend = build_backend(self.backend_name, self.encoding, self.params)
+        try:
+            self.backend = build_backend(self.backend_name, self.encoding, self.params)
+        except ImportError as e:  # the client has the backend, this machine does not
+            raise UserError(f"worker {worker.address} cannot load the {self.backend_name} backend ({e}); install "
+                            "tokenshards[fast] on every worker, or pass --backend tiktoken") from e
 
     def __getstate__(self):
         return {"name": self.name, "params": self.params, "backend_name": self.backend_name, "encoding": None,
