@@ -293,3 +293,29 @@ def test_a_worker_without_the_fast_backend_is_a_one_line_error(tmp_path, corpus)
     assert re.search(r"worker tcp://127\.0\.0\.1:\d+ cannot load the splintr backend \(.*not installed on this "
                      r"machine\); install tokenshards\[fast\] on every worker, or pass --backend tiktoken", error), error
     assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+PRESTARTED_WORKER_PROBE = r"""
+import signal, sys
+from tokenshards.prestart import start_forkserver
+from tokenshards.cluster import connect
+
+if __name__ == "__main__":
+    assert start_forkserver()
+    with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
+        def probe():  # before any task: a spawned worker has imported none of these yet
+            return (sorted(m for m in ("dask.dataframe", "tokenshards.partition", "splintr") if m in sys.modules),
+                    signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+        print(sorted(client.run(probe).values()))
+"""
+
+
+def test_local_workers_fork_from_a_preloaded_server_and_ignore_ctrl_c(tmp_path):
+    """What the command line does first (prestart.py): workers start with the task modules already
+    imported, and ignore SIGINT so that only the client handles a terminal's Ctrl-C."""
+    script = tmp_path / "probe.py"
+    script.write_text(PRESTARTED_WORKER_PROBE)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    preloaded = ["dask.dataframe", "splintr", "tokenshards.partition"]
+    assert proc.stdout.strip() == repr([(preloaded, True)] * 2)

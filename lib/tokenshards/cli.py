@@ -299,11 +299,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _prestart_local_workers(args) -> None:
+    """Commands that will start a LocalCluster (no --scheduler, no --cluster of another kind)
+    start its workers' forkserver now, before this process imports the rest (prestart.py)."""
+    if args.scheduler:
+        return
+    if args.cluster:
+        from .cluster import load_cluster_config
+
+        if load_cluster_config(args.cluster, workers=args.workers).kind != "local":
+            return
+    from .prestart import start_forkserver
+
+    start_forkserver()
+
+
+def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> int:
+    """``prestart_workers``: start local workers' forkserver first thing (the command line does;
+    a caller in a long-lived process, such as a test, keeps Dask's own start method)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     interrupt.install()
     try:
+        if prestart_workers and hasattr(args, "scheduler"):
+            _prestart_local_workers(args)
         return args.run(args)
     except UserError as e:
         if args.debug:
@@ -318,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
 def console_main(argv: list[str] | None = None):
     """The ``tokenshards`` command. Freezing the heap before exiting spares interpreter shutdown a
     final collection over every object Dask left behind (~0.3 s of a tokenize run measured here)."""
-    code = main(argv)
+    code = main(argv, prestart_workers=True)
     gc.freeze()
     sys.exit(code)
 
