@@ -14,8 +14,6 @@ import importlib
 import inspect
 import logging
 import os
-import signal
-import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -23,6 +21,7 @@ import dask
 import yaml
 from distributed import Client, LocalCluster
 
+from . import interrupt
 from .errors import UserError
 
 CLUSTER_DEFAULTS = {
@@ -293,7 +292,7 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
             s = config.settings if config else {}
             n = s.get("workers") or workers or os.cpu_count() or 1
             source = f" ({config.path})" if config else ""
-            with _children_ignore_ctrl_c():
+            with interrupt.children_ignore_ctrl_c():
                 cluster = LocalCluster(n_workers=n, threads_per_worker=s.get("threads_per_worker", 1), processes=True,
                                        memory_limit=s.get("memory_limit", "auto"),
                                        dashboard_address=s.get("dashboard_address", dashboard_address),
@@ -301,21 +300,6 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
             with cluster, Client(cluster) as client:
                 announce(f"dashboard: {client.dashboard_link}  (local cluster{source}: {_count(n, 'process worker')})")
                 yield client
-
-
-@contextlib.contextmanager
-def _children_ignore_ctrl_c() -> Iterator[None]:
-    """Worker processes started in here ignore SIGINT (the disposition survives exec), so a
-    terminal's Ctrl-C reaches only this process, which cancels the work and closes the cluster
-    in order, instead of every worker printing its own KeyboardInterrupt traceback."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

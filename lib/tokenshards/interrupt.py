@@ -7,9 +7,11 @@ job checks between partitions and before it commits the manifest.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
+from typing import Iterator
 
 _requested = threading.Event()
 
@@ -40,3 +42,18 @@ def check() -> None:
     """Raise KeyboardInterrupt if Ctrl-C was pressed, even if its first raise was swallowed."""
     if _requested.is_set():
         raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def children_ignore_ctrl_c() -> Iterator[None]:
+    """Processes started in here ignore SIGINT (the disposition survives fork and exec), so a
+    terminal's Ctrl-C reaches only this process, which cancels the work and closes the cluster
+    in order, instead of every worker printing its own KeyboardInterrupt traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import signal
-import threading
+
+from .interrupt import children_ignore_ctrl_c
 
 PRELOAD = ("distributed", "dask.dataframe", "tokenshards.partition", "tokenshards.backends", "splintr", "riptoken")
 """What a worker's tasks import; the forkserver skips a module that is not installed."""
@@ -36,13 +36,7 @@ def start_forkserver() -> bool:
     os.environ.update({k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()})
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOAD))
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    # Workers inherit the server's SIGINT disposition: ignored, so only the client handles Ctrl-C.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
-    try:
+    with children_ignore_ctrl_c():  # the workers forked from the server inherit its disposition
         forkserver.ensure_running()
-    finally:
-        if in_main_thread:
-            signal.signal(signal.SIGINT, previous)
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
     return True
