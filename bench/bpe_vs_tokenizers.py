@@ -62,7 +62,7 @@ def main() -> None:
     from tokenshards.bpe.merge import train_merges
     from tokenshards.bpe.train import TrainBpeConfig, run_train_bpe
     from tokenshards.demo import build_demo_corpus
-    from tokenshards.encoders import load_encoding
+    from tokenshards.encoding.encoders import load_encoding
 
     with tempfile.TemporaryDirectory() as tmp:
         pattern = args.input

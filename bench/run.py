@@ -124,7 +124,7 @@ def run_ours(corpus: Path, workers: int, backend: str, scratch: Path) -> dict:
 def tiktoken_env(encoding: str) -> dict:
     """The shared scripts call tiktoken.get_encoding; offline, point them at a tiktoken cache
     holding the packaged, hash-checked rank files."""
-    from tokenshards.encoders import OFFLINE_COPIES, prepare_offline_cache
+    from tokenshards.encoding.encoders import OFFLINE_COPIES, prepare_offline_cache
 
     env = dict(os.environ)
     if "TIKTOKEN_CACHE_DIR" not in env and encoding in OFFLINE_COPIES:
@@ -162,7 +162,7 @@ def main() -> None:
     pattern = str(corpus / "**" / "*.parquet") if any(corpus.glob("*/**/*.parquet")) else str(corpus / "*.parquet")
     files = sorted(Path(p) for p in __import__("glob").glob(pattern, recursive=True))
     glob_arg = str(files[0].parent / "*.parquet")
-    from tokenshards.backends import FAST_BACKENDS, _installed
+    from tokenshards.encoding.backends import FAST_BACKENDS, _installed
 
     # The reference, then every installed fast backend, fastest first: the first is what --backend auto picks.
     backends = ["tiktoken"] + [b for b in FAST_BACKENDS if _installed(b)]

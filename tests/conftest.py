@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import LocalCluster
 
-from tokenshards.config import TokenizeConfig
-from tokenshards.encoders import load_encoding
-from tokenshards.pipeline import run_tokenize
+from tokenshards.tokenize.config import TokenizeConfig
+from tokenshards.encoding.encoders import load_encoding
+from tokenshards.tokenize.job import run_tokenize
 
 
 @pytest.fixture(scope="session")

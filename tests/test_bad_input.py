@@ -9,7 +9,7 @@ import pytest
 from conftest import write_parquet
 from readback import read_documents
 from tokenshards.errors import InputError, OutputConflict, UserError
-from tokenshards.verify import VerifyConfig, run_verify
+from tokenshards.verify.job import VerifyConfig, run_verify
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 TEXTS = [f"document number {i} with some words in it" for i in range(200)]
@@ -123,7 +123,7 @@ def test_debug_shows_the_traceback(good, tmp_path):
 
 
 def test_a_path_workers_cannot_see_says_they_need_the_same_path(tmp_path):
-    from tokenshards.plan import read_input_metadata
+    from tokenshards.tokenize.plan import read_input_metadata
 
     with pytest.raises(InputError, match=r"gone\.parquet: file not found on a worker; workers must see the same path"):
         read_input_metadata(str(tmp_path / "gone.parquet"), "gone.parquet", text_column="text", id_column=None)

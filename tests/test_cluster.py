@@ -20,10 +20,10 @@ from conftest import write_parquet
 from readback import read_documents
 from sshserver import start_ssh_server
 from tokenshards.cli import main
-from tokenshards.cluster import kubernetes_spec, load_cluster_config, slurm_cluster
-from tokenshards.config import TokenizeConfig
+from tokenshards.cluster.connect import kubernetes_spec, load_cluster_config, slurm_cluster
+from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
-from tokenshards.pipeline import run_tokenize
+from tokenshards.tokenize.job import run_tokenize
 
 CONFIGS = Path(__file__).resolve().parent.parent / "cluster_configs"
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -297,14 +297,14 @@ def test_a_worker_without_the_fast_backend_is_a_one_line_error(tmp_path, corpus)
 
 PRESTARTED_WORKER_PROBE = r"""
 import signal, sys
-from tokenshards.prestart import start_forkserver
-from tokenshards.cluster import connect
+from tokenshards.cluster.prestart import start_forkserver
+from tokenshards.cluster.connect import connect
 
 if __name__ == "__main__":
     assert start_forkserver()
     with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
         def probe():  # before any task: a spawned worker has imported none of these yet
-            return (sorted(m for m in ("dask.dataframe", "tokenshards.partition", "splintr") if m in sys.modules),
+            return (sorted(m for m in ("dask.dataframe", "tokenshards.tokenize.task", "splintr") if m in sys.modules),
                     signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
         print(sorted(client.run(probe).values()))
 """
@@ -317,5 +317,5 @@ def test_local_workers_fork_from_a_preloaded_server_and_ignore_ctrl_c(tmp_path):
     script.write_text(PRESTARTED_WORKER_PROBE)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    preloaded = ["dask.dataframe", "splintr", "tokenshards.partition"]
+    preloaded = ["dask.dataframe", "splintr", "tokenshards.tokenize.task"]
     assert proc.stdout.strip() == repr([(preloaded, True)] * 2)

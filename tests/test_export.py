@@ -20,10 +20,10 @@ from readback import read_documents
 from s3server import s3  # noqa: F401  (fixture)
 
 from tokenshards.cli import main
-from tokenshards.config import TokenizeConfig
+from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
 from tokenshards.export import ExportConfig, run_export
-from tokenshards.pipeline import run_tokenize
+from tokenshards.tokenize.job import run_tokenize
 
 WORDS = ("the cat sat on a mat; Straße naïve café 東京 🙂 <|endoftext|> 1234567 tab\there "
          "\n\nnew paragraph — dashes – and ‘quotes’ ").split(" ")
@@ -299,7 +299,7 @@ def test_targets_assemble_parts_written_out_of_order(where, s3, tmp_path):  # no
     """Three ranges of one file (two of S3's 5 MiB minimum, one short), written last-first."""
     from tokenshards.export.layout import Chunk
     from tokenshards.export.write import S3_MIN_PART, Source, abort_target, commit_target, open_target, write_chunk
-    from tokenshards.store import filesystem
+    from tokenshards.storage.store import filesystem
 
     options = s3.storage_options if where == "s3" else {}
     url = f"s3://{s3.make_bucket()}/dest/f.bin" if where == "s3" else str(tmp_path / "f.bin")

@@ -22,9 +22,9 @@ import pytest
 from conftest import write_parquet
 from hubserver import HubServer
 from readback import expected_tokens, read_documents
-from tokenshards import hub
+from tokenshards.storage import hub
 from tokenshards.errors import UserError
-from tokenshards.hub import HubDataset
+from tokenshards.storage.hub import HubDataset
 
 REPO = "HuggingFaceFW/fineweb"
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))

@@ -14,7 +14,7 @@ from readback import expected_tokens, read_documents
 from s3server import s3  # noqa: F401  (s3 is a fixture)
 from tokenshards.cli import main
 from tokenshards.errors import UserError
-from tokenshards.inspect_run import BIN_WIDTH, LENGTH_EDGES, PartitionStats, RunStats, inspect_output, plot_lengths
+from tokenshards.inspect.stats import BIN_WIDTH, LENGTH_EDGES, PartitionStats, RunStats, inspect_output, plot_lengths
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 WORDS = {"en": "the cat sat on the mat and looked around ", "de": "die Katze sitzt auf der Matte und schaut ",

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import write_parquet
 from tokenshards.errors import UserError
-from tokenshards.progress import Progress, format_eta, human
+from tokenshards.cluster.progress import Progress, format_eta, human
 
 
 class Clock:

@@ -16,9 +16,9 @@ from readback import read_documents
 from s3server import s3  # noqa: F401  (fixture)
 
 from tokenshards import TokenDataset
-from tokenshards.config import TokenizeConfig
+from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
-from tokenshards.pipeline import run_tokenize
+from tokenshards.tokenize.job import run_tokenize
 
 WORDS = "one two three Straße naïve 東京 🙂 <|endoftext|> 42 \n\n — ‘quoted’".split(" ")
 
@@ -99,5 +99,5 @@ def test_errors_name_the_problem(out, tmp_path):
 
 
 def test_import_is_lazy():
-    code = "import sys, tokenshards; assert 'tokenshards.reader' not in sys.modules; tokenshards.TokenDataset"
+    code = "import sys, tokenshards; assert 'tokenshards.format.reader' not in sys.modules; tokenshards.TokenDataset"
     subprocess.run([sys.executable, "-c", code], check=True)

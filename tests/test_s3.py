@@ -20,11 +20,11 @@ import pytest
 from readback import expected_tokens, read_documents
 from s3server import REGION, S3Server, free_port, s3, start_moto  # noqa: F401  (s3 is a fixture)
 
-from tokenshards import store
+from tokenshards.storage import store
 from tokenshards.cli import main
-from tokenshards.config import TokenizeConfig
+from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
-from tokenshards.pipeline import run_tokenize
+from tokenshards.tokenize.job import run_tokenize
 
 WORDS = ("the cat sat on a mat; Straße naïve café 東京 🙂 <|endoftext|> 1234567 tab\there "
          "\n\nnew paragraph — dashes – and ‘quotes’ ").split(" ")

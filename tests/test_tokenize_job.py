@@ -11,9 +11,9 @@ from distributed import LocalCluster
 from conftest import write_parquet
 from readback import expected_tokens, read_documents
 from test_tokenize_pure import AWKWARD
-from tokenshards.config import TokenizeConfig
+from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.demo import build_demo_corpus
-from tokenshards.pipeline import run_tokenize
+from tokenshards.tokenize.job import run_tokenize
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 

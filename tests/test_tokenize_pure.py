@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-from tokenshards.backends import (FAST_BACKENDS, BackendMismatch, TiktokenBackend, build_backend, choose_backend,
+from tokenshards.encoding.backends import (FAST_BACKENDS, BackendMismatch, TiktokenBackend, build_backend, choose_backend,
                                   without_possessive_quantifiers)
 from tokenshards.errors import UserError
-from tokenshards.encoders import load_encoding
-from tokenshards.plan import InputFile, plan_pieces
-from tokenshards.tokenize import tokenize_texts
+from tokenshards.encoding.encoders import load_encoding
+from tokenshards.tokenize.plan import InputFile, plan_pieces
+from tokenshards.tokenize.core import tokenize_texts
 
 AWKWARD = [
     "plain English text, with punctuation!",
@@ -105,7 +105,7 @@ def test_fast_backends_match_tiktoken_on_real_prose(encoding):
     CPython doc topic, in both vocabulary sizes."""
     from pydoc_data.topics import topics
 
-    from tokenshards.backends import verification_texts
+    from tokenshards.encoding.backends import verification_texts
 
     loaded = load_encoding(encoding)
     texts = verification_texts() + [topics[k] for k in sorted(topics)]

@@ -15,13 +15,13 @@ import pytest
 
 from conftest import write_parquet
 from readback import expected_tokens, read_documents
-from tokenshards.bpe import ranks as ranks_io
+from tokenshards.encoding import ranks as ranks_io
 from tokenshards.bpe.count import PATTERNS, combine_tables, count_piece, count_texts, resolve_pattern
 from tokenshards.bpe.merge import _order_key, train_merges
 from tokenshards.bpe.train import TrainBpeConfig, run_train_bpe, select_sample
-from tokenshards.encoders import load_encoding
+from tokenshards.encoding.encoders import load_encoding
 from tokenshards.errors import UserError
-from tokenshards.plan import plan_pieces, read_input_metadata
+from tokenshards.tokenize.plan import plan_pieces, read_input_metadata
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 WORDS = ["the", "tokenizer", "data", "river", "Straße", "über", "Grüße", "мир", "данные", "слово", "数据", "集合",
@@ -299,7 +299,7 @@ def test_trained_encoding_drives_tokenize(trained, tokenize, corpus):
 
 
 def test_verify_accepts_the_output(trained, tokenize, corpus, cluster):
-    verify = pytest.importorskip("tokenshards.verify")
+    verify = pytest.importorskip("tokenshards.verify.job")
     _, out = trained
     _, result = tokenize([str(corpus)], encoding=str(out))
     report = verify.run_verify(verify.VerifyConfig(out=str(result), deep=20, scheduler=cluster.scheduler_address),
@@ -310,7 +310,7 @@ def test_verify_accepts_the_output(trained, tokenize, corpus, cluster):
 def test_trains_on_a_hub_sample(trained, cluster, corpus, tmp_path):
     """--dataset/--size: the real huggingface_hub client against the stand-in Hub; same ranks as local."""
     from hubserver import HubServer
-    from tokenshards.hub import HubDataset
+    from tokenshards.storage.hub import HubDataset
 
     root = tmp_path / "repo"
     for path in sorted(corpus.glob("*.parquet")):

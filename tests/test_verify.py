@@ -14,12 +14,12 @@ from pydoc_data.topics import topics
 
 from conftest import write_parquet
 from s3server import s3  # noqa: F401  (a fixture)
-from tokenshards import manifest as v1
+from tokenshards.format import v1
 from tokenshards.cli import main
-from tokenshards.config import TokenizeConfig
+from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
-from tokenshards.pipeline import run_tokenize
-from tokenshards.verify import (VerifyConfig, check_layout, choose_sample, compare_document, run_verify,
+from tokenshards.tokenize.job import run_tokenize
+from tokenshards.verify.job import (VerifyConfig, check_layout, choose_sample, compare_document, run_verify,
                                 _ranges)
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))

@@ -7,7 +7,7 @@ import os
 import sys
 import traceback
 
-from . import interrupt
+from .cluster import interrupt
 from .errors import UserError
 
 
@@ -21,7 +21,7 @@ def _storage_option(text: str) -> tuple[str, str]:
 def _storage_options(pairs) -> dict:
     """key=value pairs for fsspec/s3fs; ``endpoint_url`` goes where s3fs expects it.
     ``AWS_ENDPOINT_URL`` is read here so that remote workers get the same endpoint."""
-    from .store import with_env_endpoint
+    from .storage.store import with_env_endpoint
 
     options: dict = {}
     for key, value in pairs or []:
@@ -103,7 +103,7 @@ def _add_hub_arguments(p) -> None:
 
 def _hub_dataset(args, *, download_dir: str | None, fetch: str = "client"):
     """The ``--dataset/--size`` part of the command line, or None when not given."""
-    from .hubspec import HubDataset
+    from .storage.hubspec import HubDataset
 
     if args.dataset is None and args.size is None:
         return None
@@ -121,7 +121,7 @@ def _add_download(sub) -> None:
 
 
 def _run_download(args) -> int:
-    from . import hub
+    from .storage import hub
 
     if args.dataset is None and args.size is None:
         raise UserError("download needs --dataset REPO --size SIZE, e.g. --dataset HuggingFaceFW/fineweb --size 10B")
@@ -132,8 +132,8 @@ def _run_download(args) -> int:
 
 
 def _run_tokenize(args) -> int:
-    from .config import TokenizeConfig
-    from .pipeline import run_tokenize
+    from .tokenize.config import TokenizeConfig
+    from .tokenize.job import run_tokenize
 
     config = TokenizeConfig(
         out=args.out, encoding=args.encoding, eot_position=args.eot, id_column=args.id_column,
@@ -248,7 +248,7 @@ def _add_verify(sub) -> None:
 
 
 def _run_verify(args) -> int:
-    from .verify import VerifyConfig, run_verify
+    from .verify.job import VerifyConfig, run_verify
 
     config = VerifyConfig(out=args.out, deep=args.deep, seed=args.seed, **_run_options(args))
     report = run_verify(config, announce=_say)
@@ -269,7 +269,7 @@ def _add_inspect(sub) -> None:
 
 
 def _run_inspect(args) -> int:
-    from .inspect_run import inspect_output, plot_lengths, report_lines
+    from .inspect.stats import inspect_output, plot_lengths, report_lines
 
     options = _storage_options(args.storage_option)
     stats = inspect_output(args.out, storage_options=options, language_column=args.language_column)
@@ -305,11 +305,11 @@ def _prestart_local_workers(args) -> None:
     if args.scheduler:
         return
     if args.cluster:
-        from .cluster import load_cluster_config
+        from .cluster.connect import load_cluster_config
 
         if load_cluster_config(args.cluster, workers=args.workers).kind != "local":
             return
-    from .prestart import start_forkserver
+    from .cluster.prestart import start_forkserver
 
     start_forkserver()
 

@@ -19,10 +19,10 @@ import pyarrow.compute as pc
 import regex
 from distributed import Client, as_completed
 
-from .. import interrupt
+from ..cluster import interrupt
 from ..errors import UserError
-from ..partition import read_piece
-from ..plan import Piece
+from ..tokenize.task import read_piece
+from ..tokenize.plan import Piece
 
 # tiktoken's own split patterns (tiktoken_ext/openai_public.py), copied because tiktoken builds
 # them only inside the constructors that also load the ranks.

@@ -14,14 +14,15 @@ from typing import Callable, TextIO
 
 import tiktoken
 
-from ..cluster import connect
-from ..config import RunOptions, auto_partition_bytes
+from ..cluster.connect import connect
+from ..cluster.options import RunOptions
+from ..tokenize.config import auto_partition_bytes
 from ..errors import UserError
-from ..hubspec import HubDataset
-from ..plan import Piece, plan_pieces, read_footers
-from ..progress import format_eta, human
-from ..sources import resolve_inputs
-from . import ranks as ranks_io
+from ..storage.hubspec import HubDataset
+from ..tokenize.plan import Piece, plan_pieces, read_footers
+from ..cluster.progress import format_eta, human
+from ..storage.sources import resolve_inputs
+from ..encoding import ranks as ranks_io
 from .count import count_on_cluster, resolve_pattern
 from .merge import train_merges
 
@@ -171,7 +172,7 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
     sources = resolve_inputs(config.inputs, config.storage_options) if config.inputs else []
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
     if config.hub:
-        from .. import hub  # huggingface_hub: imported only by runs that read the Hub
+        from ..storage import hub  # huggingface_hub: imported only by runs that read the Hub
     listing = hub.list_files(config.hub) if config.hub else None
     if listing is not None and config.hub.fetch == "client":
         sources += hub.download(config.hub, listing, announce=announce)

@@ -16,17 +16,16 @@ from typing import Callable
 import numpy as np
 from distributed import Client, as_completed
 
-from .. import interrupt
-from ..cluster import connect
-from ..config import RunOptions
+from ..cluster import interrupt
+from ..cluster.connect import connect
+from ..cluster.options import RunOptions
 from ..errors import UserError
-from ..progress import human
-from ..reader import open_manifest
-from ..store import check_bucket, display_url, filesystem, is_local, is_s3, join, write_json
+from ..cluster.progress import human
+from ..format.reader import open_manifest
+from ..storage.store import check_bucket, display_url, filesystem, is_local, is_s3, join, write_json
 from . import formats, valsplit
 from .layout import Chunk, Streams, chunk_file
-from .write import (PartInfo, Source, Target, abort_target, commit_target, open_target, part_size, partition_candidates,
-                    target_kind, write_chunk)
+from .write import PartInfo, Source, Target, abort_target, commit_target, open_target, part_size, partition_candidates, target_kind, write_chunk
 
 DEFAULT_SHARD_TOKENS = 100_000_000
 """llm.c's and build-nanogpt's FineWeb shard size."""

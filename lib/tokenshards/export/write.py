@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError
-from ..reader import PartitionFiles
-from ..store import filesystem, is_local
+from ..format.reader import PartitionFiles
+from ..storage.store import filesystem, is_local
 from .layout import Chunk
 from .valsplit import Threshold, candidates, id_hashes, is_val
 

@@ -46,9 +46,9 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.file_download import _cache_commit_hash_for_specific_revision, repo_folder_name
 
-from .errors import UserError
+from ..errors import UserError
 from .hubspec import FETCH_MODES, SAMPLE_DIR, HubDataset, folder_size, size_folder  # noqa: F401 (this module's API too)
-from .progress import human
+from ..cluster.progress import human
 from .sources import Source
 
 PROTOCOL = "hfcache"

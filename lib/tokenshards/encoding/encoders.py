@@ -19,7 +19,8 @@ import numpy as np
 import tiktoken
 from distributed import WorkerPlugin, get_worker
 
-from .errors import UserError
+from ..errors import UserError
+from .ranks import load_trained
 
 # Genuine copies of OpenAI's rank files shipped inside PyPI packages, keyed by the URL that
 # tiktoken's own constructors read. tiktoken checks them against its sha256 pins as usual.
@@ -134,9 +135,8 @@ def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: No
     TIKTOKEN_CACHE_DIR), else the hash-checked copies that PyPI packages ship.
     A path or URL ending in ``.tiktoken`` is a vocabulary trained by ``train-bpe``."""
     if name.endswith(".tiktoken"):
-        from .bpe.ranks import load_trained
-
-        return load_trained(name)
+        encoding, params = load_trained(name)
+        return LoadedEncoding(encoding=encoding, params=params, source=f"trained vocabulary {name}")
     constructors = _constructors()
     if name not in constructors:
         known = ", ".join(sorted(constructors))

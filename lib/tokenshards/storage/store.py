@@ -25,7 +25,7 @@ import uuid
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from .errors import UserError
+from ..errors import UserError
 
 MIB = 2**20
 MULTIPART_THRESHOLD = 8 * MIB

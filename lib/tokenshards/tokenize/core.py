@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .backends import Backend
+from ..encoding.backends import Backend
 
 
 @dataclass(frozen=True)

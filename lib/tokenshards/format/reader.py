@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import manifest as v1
-from .errors import UserError
-from .store import is_local, join
+from . import v1
+from ..errors import UserError
+from ..storage.store import is_local, join
 
 NPY_HEAD_PROBE = 4096
 """Bytes read to parse a ``.npy`` header; np.save pads 1-D headers to 64 or 128 bytes."""

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .errors import UserError
-from .hubspec import HubDataset
+from ..cluster.options import RunOptions
+from ..errors import UserError
+from ..storage.hubspec import HubDataset
 
 EOT_POSITIONS = ("prefix", "suffix", "none")
 ON_BAD_FILE = ("fail", "skip")
@@ -15,23 +16,6 @@ the last wave of tasks idles cores only briefly, while Dask's ~1 ms per task sta
 MAX_AUTO_PARTITIONS = 16_384
 """Past this many partitions the automatic size grows instead, so the client's records, the
 manifest and the scheduler's task count stay bounded whatever the corpus (docs/scaling.md)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunOptions:
-    """Where a job runs and how it reaches storage: every command that starts Dask work takes
-    these, and none of them changes what the job writes."""
-
-    storage_options: dict = field(default_factory=dict)
-    workers: int | None = None
-    scheduler: str | None = None
-    cluster_config: str | None = None
-    """A ``cluster_configs/*.yaml``: local, an existing scheduler, SLURM, Kubernetes, SSH."""
-    dashboard_address: str = ":8787"
-
-    def __post_init__(self):
-        if self.workers is not None and self.workers < 1:
-            raise UserError(f"workers={self.workers} must be at least 1")
 
 
 @dataclass(frozen=True, kw_only=True)

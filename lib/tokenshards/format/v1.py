@@ -6,9 +6,9 @@ import json
 
 import fsspec
 
-from .errors import OutputConflict, UserError
-from .plan import BadInput, InputFile, Piece
-from .store import filesystem, join, read_json, write_json
+from ..errors import OutputConflict, UserError
+from ..tokenize.plan import BadInput, InputFile, Piece
+from ..storage.store import filesystem, join, read_json, write_json
 
 FORMAT = "tokenshards/1"
 MANIFEST = "manifest.json"

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, TextIO
 
-from .errors import UserError
+from ..errors import UserError
 
 MODES = ("auto", "bar", "log", "none")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import UserError
+from ..errors import UserError
 
 FETCH_MODES = ("client", "workers")
 SAMPLE_DIR = "sample"

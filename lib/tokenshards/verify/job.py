@@ -22,12 +22,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from distributed import Client
 
-from . import interrupt
-from . import manifest as v1
-from .config import EOT_POSITIONS, RunOptions
-from .encoders import EncoderPlugin, load_encoding, plugin_name, token_dtype, worker_encoding
-from .errors import UserError
-from .store import filesystem, is_local, join, read_json, storage_options
+from ..cluster import interrupt
+from ..format import v1
+from ..cluster.options import RunOptions
+from ..tokenize.config import EOT_POSITIONS
+from ..encoding.encoders import EncoderPlugin, load_encoding, plugin_name, token_dtype, worker_encoding
+from ..errors import UserError
+from ..storage.store import filesystem, is_local, join, read_json, storage_options
 
 REQUIRED_KEYS = ("format", "encoding", "eot_position", "text_column", "inputs", "partitions", "totals",
                  # not in DESIGN's list, but every tokenshards run writes them and verify needs them:
@@ -492,7 +493,7 @@ def _read_rows(url: str, rows: list[int], *, row_groups: list[int], text_column:
 def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print) -> VerifyReport:
     """Check OUT; problems are returned, never raised. Raises ``UserError`` only when there is
     nothing to check (no manifest) or the cluster or storage can't be reached."""
-    from .cluster import connect  # a LocalCluster is only needed here, not by the pure checks
+    from ..cluster.connect import connect  # a LocalCluster is only needed here, not by the pure checks
 
     fs, root = filesystem(config.out, config.storage_options)
     try:

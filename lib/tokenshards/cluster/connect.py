@@ -22,7 +22,7 @@ import yaml
 from distributed import Client, LocalCluster
 
 from . import interrupt
-from .errors import UserError
+from ..errors import UserError
 
 CLUSTER_DEFAULTS = {
     # A worker that dies (OOM kill, lost machine) is not a task error: Dask reschedules its

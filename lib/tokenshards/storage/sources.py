@@ -5,7 +5,7 @@ import glob as globlib
 import posixpath
 from dataclasses import dataclass
 
-from .errors import UserError
+from ..errors import UserError
 from .store import check_bucket, display_url, filesystem, is_local, storage_error
 
 

@@ -11,17 +11,18 @@ import dask
 import dask.dataframe as dd
 from distributed import Client, as_completed, performance_report
 
-from . import interrupt, manifest
-from .cluster import connect
+from ..cluster import interrupt
+from ..format import v1 as manifest
+from ..cluster.connect import connect
 from .config import TokenizeConfig
-from .backends import backend_version, choose_backend
-from .encoders import EncoderPlugin, load_encoding, plugin_name
-from .errors import UserError
-from .partition import FRAME_META, RECORD_META, PartitionJob, read_piece, tokenize_and_write
+from ..encoding.backends import backend_version, choose_backend
+from ..encoding.encoders import EncoderPlugin, load_encoding, plugin_name
+from ..errors import UserError
+from .task import FRAME_META, RECORD_META, PartitionJob, read_piece, tokenize_and_write
 from .plan import BadInput, plan_pieces, read_footers
-from .progress import Progress, human
-from .sources import resolve_inputs
-from .store import abort_stale_uploads, ensure_writable, filesystem, join, storage_options
+from ..cluster.progress import Progress, human
+from ..storage.sources import resolve_inputs
+from ..storage.store import abort_stale_uploads, ensure_writable, filesystem, join, storage_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,7 +68,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     backend, backend_note = choose_backend(config.backend, loaded.encoding, loaded.params)
     encoding_notes.append(f"tokenizer: {backend_note}")
     if config.hub:
-        from . import hub  # huggingface_hub: imported only by runs that read the Hub
+        from ..storage import hub  # huggingface_hub: imported only by runs that read the Hub
     listing = hub.list_files(config.hub) if config.hub else None
     if listing is not None and config.hub.fetch == "client":
         sources += hub.download(config.hub, listing, announce=announce)

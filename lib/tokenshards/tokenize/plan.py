@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import InputError, UserError
-from .store import filesystem
+from ..errors import InputError, UserError
+from ..storage.store import filesystem
 
 STRING_TYPES = (pa.string(), pa.large_string(), pa.string_view())
 

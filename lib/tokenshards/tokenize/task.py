@@ -17,12 +17,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import manifest
-from .encoders import worker_backend
-from .errors import InputError
+from ..format import v1 as manifest
+from ..encoding.encoders import worker_backend
+from ..errors import InputError
 from .plan import STRING_TYPES, Piece
-from .store import filesystem, join, write_atomic
-from .tokenize import tokenize_texts
+from ..storage.store import filesystem, join, write_atomic
+from .core import tokenize_texts
 
 PIECE_ATTR = "tokenshards_piece"
 SKIP_ATTR = "tokenshards_unreadable"

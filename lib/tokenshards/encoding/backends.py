@@ -14,7 +14,7 @@ from typing import Protocol, Sequence
 import numpy as np
 import tiktoken
 
-from .errors import UserError
+from ..errors import UserError
 
 FAST_BACKENDS = ("splintr", "riptoken")
 """Exact Rust BPEs ``auto`` tries, fastest first (GPT-2, one core, bench corpus: splintr ~2.9x and riptoken
@@ -88,7 +88,7 @@ class SplintrBackend:
     def __init__(self, params: dict):
         import splintr
 
-        from .bpe.ranks import dump_ranks
+        from .ranks import dump_ranks
 
         vocab = dump_ranks(params["mergeable_ranks"])  # the .tiktoken format splintr reads
         tokenizer = splintr.Tokenizer.from_bytes(vocab, without_possessive_quantifiers(params["pat_str"]), {})

@@ -21,7 +21,7 @@ import uuid
 import tiktoken
 
 from ..errors import UserError
-from ..store import filesystem, write_atomic
+from ..storage.store import filesystem, write_atomic
 
 FORMAT = "tokenshards-bpe/1"
 SUFFIX = ".tiktoken"
@@ -151,11 +151,9 @@ def _read(url: str, storage_options: dict | None, what: str, *, ranks_path: str)
         raise UserError(f"cannot read {what} {url!r}: {type(e).__name__}: {e}") from e
 
 
-def load_trained(path: str, *, storage_options: dict | None = None):
-    """A ``.tiktoken`` written by ``train-bpe`` (local path or URL) as a ``LoadedEncoding``,
+def load_trained(path: str, *, storage_options: dict | None = None) -> tuple[tiktoken.Encoding, dict]:
+    """A ``.tiktoken`` written by ``train-bpe`` (local path or URL) as (encoding, its parameters),
     checked against its sidecar's hash and for self-consistency before anything uses it."""
-    from ..encoders import LoadedEncoding  # encoders imports this module lazily: no cycle
-
     meta_url = sidecar_path(path)
     try:
         meta = json.loads(_read(meta_url, storage_options, "encoding sidecar", ranks_path=path))
@@ -183,4 +181,4 @@ def load_trained(path: str, *, storage_options: dict | None = None):
         encoding = tiktoken.Encoding(**params)
     except ValueError as e:
         raise UserError(f"{path}: tiktoken rejects this vocabulary ({e}); retrain with `tokenshards train-bpe`") from e
-    return LoadedEncoding(encoding=encoding, params=params, source=f"trained vocabulary {path}")
+    return encoding, params

@@ -20,10 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import manifest as v1
-from .errors import UserError
-from .progress import human
-from .store import filesystem, join, write_atomic
+from ..format import v1
+from ..errors import UserError
+from ..cluster.progress import human
+from ..storage.store import filesystem, join, write_atomic
 
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 LENGTH_EDGES = np.unique(np.floor(np.geomspace(1, 2**40, 8192)).astype(np.int64))

@@ -1,0 +1,23 @@
+"""Where a job runs and how it reaches storage: the settings every job's config shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import UserError
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """Where a job runs and how it reaches storage: every command that starts Dask work takes
+    these, and none of them changes what the job writes."""
+
+    storage_options: dict = field(default_factory=dict)
+    workers: int | None = None
+    scheduler: str | None = None
+    cluster_config: str | None = None
+    """A ``cluster_configs/*.yaml``: local, an existing scheduler, SLURM, Kubernetes, SSH."""
+    dashboard_address: str = ":8787"
+
+    def __post_init__(self):
+        if self.workers is not None and self.workers < 1:
+            raise UserError(f"workers={self.workers} must be at least 1")

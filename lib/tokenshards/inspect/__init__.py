@@ -1,0 +1,1 @@
+"""``tokenshards inspect``: totals, document-length percentiles and languages of a finished run."""
