@@ -146,3 +146,50 @@ def test_cli_unknown_encoding_is_one_line(corpus, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.startswith("tokenshards: error: unknown encoding 'gpt5': expected one of")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# -- the worker task as a plain function, and the Dask graph that runs it --
+
+def _pieces_and_settings(corpus, out, gpt2_loaded):
+    from tokenshards.encoding.encoders import EncoderPlugin
+    from tokenshards.tokenize.plan import plan_pieces, read_input_metadata
+    from tokenshards.tokenize.task import TaskSettings
+
+    paths = sorted((corpus / "demo").glob("*.parquet"))
+    files = [read_input_metadata(str(p), p.name, text_column="text", id_column=None) for p in paths]
+    pieces = plan_pieces(files, target_bytes=200_000)
+    settings = TaskSettings(out=str(out), storage_options={}, encoder=EncoderPlugin(gpt2_loaded).ref, dtype="uint16",
+                            eot_position="prefix", job="test-job")
+    return pieces, settings
+
+
+def test_a_partition_is_a_plain_function_without_a_cluster(corpus, tmp_path, gpt2):
+    """(piece, settings, backend) → its files and manifest entry; no Dask involved."""
+    import numpy as np
+
+    from tokenshards.encoding.backends import TiktokenBackend
+    from tokenshards.encoding.encoders import load_encoding
+    from tokenshards.tokenize.task import tokenize_partition
+
+    pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
+    result = tokenize_partition(pieces[1], settings=settings, backend=TiktokenBackend(gpt2))
+    assert result.unreadable is None and result.entry["index"] == pieces[1].index
+    tokens = np.load(tmp_path / result.entry["tokens_file"])
+    assert len(tokens) == result.entry["tokens"] == result.tokens > 0
+    assert json.loads((tmp_path / f"parts/part-{pieces[1].index:05d}.done.json").read_text())["job"] == "test-job"
+
+
+def test_one_task_per_planned_partition(corpus, tmp_path):
+    """Dask may not merge or split planned partitions: each task writes one partition's files."""
+    import dask
+
+    from tokenshards.encoding.encoders import load_encoding
+    from tokenshards.tokenize.job import DASK_SETTINGS, partition_tasks
+
+    pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
+    assert len(pieces) > 3
+    with dask.config.set(DASK_SETTINGS):
+        tasks = partition_tasks(pieces, settings).optimize()
+        graph = dict(tasks.__dask_graph__())
+    assert tasks.npartitions == len(pieces)
+    assert len(graph) == len(pieces)

@@ -39,19 +39,22 @@ def _add_cluster_arguments(p) -> None:
     p.add_argument("--cluster", metavar="CONFIG.yaml",
                    help="cluster config: cluster_configs/{local,scheduler,slurm,kubernetes,ssh}.yaml or your own")
     p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
+    p.add_argument("--progress", default="auto", choices=["auto", "bar", "log", "none"],
+                   help="a live line on a terminal (bar), a line every 10%% (log), or none (default auto: bar on a terminal)")
 
 
 def _run_options(args) -> dict:
     """Storage and cluster settings, as every config that runs Dask work names them."""
     return {"storage_options": _storage_options(args.storage_option), "workers": args.workers,
-            "scheduler": args.scheduler, "cluster_config": args.cluster, "dashboard_address": args.dashboard_address}
+            "scheduler": args.scheduler, "cluster_config": args.cluster, "dashboard_address": args.dashboard_address,
+            "progress": args.progress}
 
 
 def _corpus_options(args) -> dict:
     """The corpus, how it is cut and how progress shows, as tokenize and train-bpe both take them."""
     return {"inputs": tuple(args.input), "text_column": args.text_column,
             "partition_bytes": int(args.partition_mb * 1e6) if args.partition_mb else None,
-            "progress": args.progress, "hub": _hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch)}
+            "hub": _hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch)}
 
 
 def _print_lines(result) -> int:
@@ -77,7 +80,6 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--id-column", help="column of document ids (default: `id` when present, else FILE:ROW)")
     p.add_argument("--partition-mb", type=float, default=None,
                    help="text per partition in MB (default: 8.4, more for corpora over ~137 GB of text)")
-    p.add_argument("--progress", default="auto", choices=["auto", "bar", "log", "none"])
     p.add_argument("--on-bad-file", default="fail", choices=["fail", "skip"],
                    help="an unreadable input fails the job (default) or is skipped and recorded in the manifest")
     p.add_argument("--overwrite", action="store_true", help="replace a different earlier run in --out")
@@ -192,7 +194,6 @@ def _add_train_bpe(sub) -> None:
     _add_cluster_arguments(p)
     p.add_argument("--partition-mb", type=float, default=None,
                    help="text per partition in MB (default: as tokenize chooses, 8 MiB or more for huge corpora)")
-    p.add_argument("--progress", default="auto", choices=["auto", "bar", "log", "none"])
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
     p.set_defaults(run=_run_train_bpe)

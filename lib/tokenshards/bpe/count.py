@@ -11,15 +11,16 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import regex
-from distributed import Client, as_completed
+from distributed import Client
 
-from ..cluster import interrupt
+from ..cluster import runner
+from ..cluster.progress import Progress
 from ..errors import UserError
 from ..tokenize.task import read_piece
 from ..tokenize.plan import Piece
@@ -130,40 +131,28 @@ def combine_counted(*parts: Counted, min_count: int = 1, heldout_budget: int) ->
 
 def count_on_cluster(client: Client, pieces: list[Piece], *, pat_str: str, text_column: str, storage_options: dict,
                      min_count: int, holdout_every: int, heldout_bytes: int, split_every: int = 8, retries: int = 2,
-                     on_piece: Callable[[Piece], None] = lambda piece: None) -> Counted:
+                     progress: Progress | None = None) -> Counted:
     """Count every piece and combine the tables in a tree on the workers; only the root comes back."""
     if not pieces:
         raise ValueError("count_on_cluster needs at least one piece")
     per_piece = max(heldout_bytes // len(pieces), 1)
-    leaves = client.map(count_piece, pieces, pat_str=pat_str, text_column=text_column, storage_options=storage_options,
-                        holdout_every=holdout_every, heldout_budget=per_piece, pure=False, retries=retries)
-    level = list(leaves)
-    while len(level) > split_every:
-        level = [client.submit(combine_counted, *level[i:i + split_every], heldout_budget=heldout_bytes, pure=False,
-                               retries=retries)
-                 for i in range(0, len(level), split_every)]
-    root = client.submit(combine_counted, *level, min_count=min_count, heldout_budget=heldout_bytes, pure=False,
-                         retries=retries)
-    piece_of = {f.key: p for f, p in zip(leaves, pieces)}
+    leaves = runner.submit(client, count_piece, pieces, pat_str=pat_str, text_column=text_column,
+                           storage_options=storage_options, holdout_every=holdout_every, heldout_budget=per_piece,
+                           retries=retries)
+    root = runner.reduce_tree(client, leaves, combine_counted, fan_in=split_every, heldout_budget=heldout_bytes,
+                              root_kwargs={"min_count": min_count}, retries=retries)
     try:
-        for future in as_completed(leaves):
-            piece = piece_of[future.key]
-            if future.status == "error":
-                _raise_for(piece, future)
-            on_piece(piece)
-            interrupt.check()
-            future.release()  # the tree node that needs it holds its own reference
-        return root.result()
+        # Each leaf's result stays on the workers for its tree node; here only its progress counts.
+        for _ in runner.each_result(client, leaves, pieces, explain=runner.failure(_describe_piece), progress=progress,
+                                    amount=lambda piece, _: piece.text_bytes, fetch=False):
+            pass
+        return runner.result_of(client, root, explain=lambda e: UserError(f"combining pre-token counts failed: "
+                                                                          f"{type(e).__name__}: {e}"))
     except BaseException:
-        client.cancel([root, *level, *leaves])
+        client.cancel([root])
         raise
 
 
-def _raise_for(piece: Piece, future) -> None:
-    try:
-        future.result()
-    except UserError:
-        raise
-    except Exception as e:
-        raise UserError(f"counting partition {piece.index} ({piece.input}, row groups {piece.row_groups[0]}.."
-                        f"{piece.row_groups[1] - 1}) failed: {type(e).__name__}: {e}") from e
+def _describe_piece(piece: Piece) -> str:
+    return (f"counting partition {piece.index} ({piece.input}, row groups {piece.row_groups[0]}.."
+            f"{piece.row_groups[1] - 1})")

@@ -7,27 +7,22 @@ data structures. The result is checked (``ranks.problems``, round trips) before 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, TextIO
+from typing import Callable
 
 import tiktoken
 
-from ..cluster.connect import connect
+from ..cluster import runner
 from ..cluster.options import RunOptions
-from ..tokenize.config import auto_partition_bytes
+from ..cluster.progress import Progress, human
 from ..errors import UserError
 from ..storage.hubspec import HubDataset
-from ..tokenize.plan import Piece, plan_pieces, read_footers
-from ..cluster.progress import format_eta, human
-from ..storage.sources import resolve_inputs
+from ..tokenize import corpus
+from ..tokenize.plan import Piece
 from ..encoding import ranks as ranks_io
 from .count import count_on_cluster, resolve_pattern
 from .merge import train_merges
-
-PROGRESS_MODES = ("auto", "bar", "log", "none")
-
 
 @dataclass(frozen=True, kw_only=True)
 class TrainBpeConfig(RunOptions):
@@ -53,9 +48,6 @@ class TrainBpeConfig(RunOptions):
     """At most this much held-back text reaches the client to measure compression."""
     hub: HubDataset | None = None
     """``--dataset/--size``: a Hub sample, downloaded like ``tokenize`` does (added to ``inputs``)."""
-    # -- how it runs (and RunOptions): never changes the ranks --
-    progress: str = "auto"
-
     def __post_init__(self):
         super().__post_init__()
         if not self.inputs and self.hub is None:
@@ -74,8 +66,6 @@ class TrainBpeConfig(RunOptions):
             raise UserError(f"holdout_every={self.holdout_every}: hold back every N-th row with N >= 2, or 0 for none")
         if self.partition_bytes is not None and self.partition_bytes < 1:
             raise UserError(f"partition_bytes={self.partition_bytes} must be positive")
-        if self.progress not in PROGRESS_MODES:
-            raise UserError(f"progress={self.progress!r} not supported, expected one of {PROGRESS_MODES}")
         for token in self.specials:
             if not token:
                 raise UserError("--special '': a special token needs at least one character")
@@ -127,28 +117,6 @@ class TrainSummary:
         return lines
 
 
-class _Ticker:
-    """One progress line for a phase: rewritten on a terminal, every ~2 s in logs, or nothing."""
-
-    def __init__(self, mode: str, stream: TextIO | None = None):
-        self.stream = stream or sys.stderr
-        self.mode = ("bar" if self.stream.isatty() else "log") if mode == "auto" else mode
-        self.started = time.perf_counter()
-        self.last = 0.0
-
-    def show(self, line: str, *, final: bool = False) -> None:
-        now = time.perf_counter()
-        if self.mode == "bar":
-            self.stream.write("\r" + line + "\x1b[K" + ("\n" if final else ""))
-            self.stream.flush()
-        elif self.mode == "log" and (final or now - self.last >= 2.0):
-            self.last = now
-            print(line, file=self.stream, flush=True)
-
-    def elapsed(self) -> float:
-        return max(time.perf_counter() - self.started, 1e-9)
-
-
 def select_sample(pieces: list[Piece], sample_bytes: int | None) -> list[Piece]:
     """Whole pieces spread evenly over the plan, about ``sample_bytes`` of text in all (deterministic)."""
     total = sum(p.text_bytes for p in pieces)
@@ -169,22 +137,15 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks={bytes([b]): b for b in range(256)}, special_tokens={})
     except ValueError as e:
         raise UserError(f"--pattern: tiktoken cannot compile {pat_str!r} ({e}); use gpt2, cl100k or a regex it accepts") from e
-    sources = resolve_inputs(config.inputs, config.storage_options) if config.inputs else []
+    sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options)
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
-    if config.hub:
-        from ..storage import hub  # huggingface_hub: imported only by runs that read the Hub
-    listing = hub.list_files(config.hub) if config.hub else None
-    if listing is not None and config.hub.fetch == "client":
-        sources += hub.download(config.hub, listing, announce=announce)
+    located = corpus.locate(sources, hub=config.hub, announce=announce)
 
-    with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
-                 announce=announce, cluster_config=config.cluster_config) as client:
-        if listing is not None and config.hub.fetch == "workers":
-            sources += hub.prepare_workers(client, config.hub, listing, announce=announce)
-        files, _ = read_footers(client, sources, text_column=config.text_column, id_column=None,
-                                storage_options=config.storage_options)
-        corpus_bytes = sum(sum(f.row_group_text_bytes) for f in files)
-        pieces = plan_pieces(files, target_bytes=config.partition_bytes or auto_partition_bytes(corpus_bytes))
+    with runner.connect_to(config, announce=announce) as client:
+        plan = corpus.plan(client, located, text_column=config.text_column, id_column=None,
+                           storage_options=config.storage_options, partition_bytes=config.partition_bytes,
+                           announce=announce)
+        files, pieces, sources = plan.files, plan.pieces, plan.sources
         chosen = select_sample(pieces, config.sample_bytes)
         if not chosen:
             raise UserError(f"the inputs ({', '.join(s.url for s in sources[:3])}{' ...' if len(sources) > 3 else ''}) "
@@ -194,18 +155,10 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
                  f"partitions (~{human(plan_bytes)}B of text)")
 
         t_count = time.perf_counter()
-        ticker = _Ticker(config.progress)
-        done = {"pieces": 0, "bytes": 0}
-
-        def on_piece(piece: Piece) -> None:
-            done["pieces"] += 1
-            done["bytes"] += piece.text_bytes
-            ticker.show(f"counting: partitions {done['pieces']}/{len(chosen)}  {human(done['bytes'])}B  "
-                        f"{human(done['bytes'] / ticker.elapsed())}B/s", final=done["pieces"] == len(chosen))
-
         counted = count_on_cluster(client, chosen, pat_str=pat_str, text_column=config.text_column,
                                    storage_options=config.storage_options, min_count=config.min_count,
-                                   holdout_every=config.holdout_every, heldout_bytes=config.heldout_bytes, on_piece=on_piece)
+                                   holdout_every=config.holdout_every, heldout_bytes=config.heldout_bytes,
+                                   progress=Progress(len(chosen), mode=config.progress, label="counting: ", amount="B"))
         count_seconds = time.perf_counter() - t_count
     if not counted.docs:
         raise UserError(f"no text to train on: every row of the {len(chosen)} partitions counted was null, empty or held back; "
@@ -214,19 +167,18 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
     announce(f"counted {human(counted.text_bytes)}B in {counted.docs:,} documents: {unique:,} unique pre-tokens"
              + (f" seen at least {config.min_count} times" if config.min_count > 1 else "") + f" ({count_seconds:.1f} s)")
 
-    merge_ticker = _Ticker(config.progress)
+    merging = Progress(n_ranks - 256, mode=config.progress, unit="merges", amount=None, label="merging: ")
 
     def on_merge(size: int, target: int) -> None:
-        merged = size - 256
-        rate = merged / merge_ticker.elapsed()
-        eta = (target - size) / rate if rate else 0
-        merge_ticker.show(f"merging: {size:,}/{target:,} ranks  {human(rate)} merges/s  ETA {format_eta(eta)}",
-                          final=size >= target)
+        merging.update(items=size - 256 - merging.done)
 
     words = zip(counted.table.column("pretoken").to_pylist(), counted.table.column("count").to_pylist())
-    result = train_merges(words, n_ranks=n_ranks, on_progress=on_merge)
+    try:
+        result = train_merges(words, n_ranks=n_ranks, on_progress=on_merge)
+    finally:
+        merging.close()
     if result.exhausted:
-        merge_ticker.show(f"merging: stopped at {len(result.ranks):,} ranks: no pair left", final=True)
+        announce(f"merging: stopped at {len(result.ranks):,} ranks: no pair left")
 
     t_check = time.perf_counter()
     params = ranks_io.encoding_params(name=name, pat_str=pat_str, ranks=result.ranks, specials=specials)

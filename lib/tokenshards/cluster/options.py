@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UserError
+from .progress import MODES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,7 +18,11 @@ class RunOptions:
     cluster_config: str | None = None
     """A ``cluster_configs/*.yaml``: local, an existing scheduler, SLURM, Kubernetes, SSH."""
     dashboard_address: str = ":8787"
+    progress: str = "auto"
+    """How progress shows (``progress.MODES``): a live line on a terminal, a short log, or nothing."""
 
     def __post_init__(self):
         if self.workers is not None and self.workers < 1:
             raise UserError(f"workers={self.workers} must be at least 1")
+        if self.progress not in MODES:
+            raise UserError(f"progress={self.progress!r} not supported, expected one of {', '.join(MODES)}")

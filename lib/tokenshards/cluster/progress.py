@@ -36,14 +36,18 @@ def format_eta(seconds: float) -> str:
 
 
 class Progress:
-    """Counts partitions and tokens as tasks finish."""
+    """Counts finished work items (partitions, chunks, merges) and an amount they carry (tokens,
+    bytes) as they finish: every job's one progress reporter."""
 
     def __init__(self, total: int, *, mode: str = "auto", stream: TextIO | None = None, already_done: int = 0,
                  clock: Callable[[], float] = time.perf_counter, refresh: float | None = 1.0,
-                 heartbeat: float = 300.0, width: int | None = None):
+                 heartbeat: float = 300.0, width: int | None = None, unit: str = "partitions",
+                 amount: str | None = " tokens", label: str = ""):
         """``refresh``: seconds between redraws of the bar while nothing finishes (None: only on
         updates). ``heartbeat``: in log mode, a line at least this often even between 10% steps,
-        so a long run's log shows it is alive. ``width``: the terminal's, when not asked for."""
+        so a long run's log shows it is alive. ``width``: the terminal's, when not asked for.
+        ``unit`` names the items; ``amount`` the quantity they carry, as written after a number
+        (``" tokens"``, ``"B"``), or None to show the items' own rate; ``label`` starts the line."""
         if mode not in MODES:
             raise UserError(f"progress={mode!r} not supported, expected one of {', '.join(MODES)}")
         self.stream = stream or sys.stderr
@@ -51,8 +55,9 @@ class Progress:
             mode = "bar" if _isatty(self.stream) else "log"
         self.mode = mode
         self.total = total
+        self.unit, self.amount, self.label = unit, amount, label
         self.done = already_done
-        self.tokens = 0
+        self.carried = 0
         self.finished_here = 0
         self.clock = clock
         self.started = clock()
@@ -70,12 +75,12 @@ class Progress:
                                                 daemon=True)
                 self._ticker.start()
 
-    def update(self, tokens: int) -> None:
-        """One more partition finished with ``tokens`` tokens."""
+    def update(self, amount: int = 0, *, items: int = 1) -> None:
+        """``items`` more finished (one partition, by default), carrying ``amount`` (its tokens)."""
         with self._lock:
-            self.done += 1
-            self.finished_here += 1
-            self.tokens += tokens
+            self.done += items
+            self.finished_here += items
+            self.carried += amount
             if self.mode == "bar":
                 self._draw()
             elif self.mode == "log":
@@ -97,14 +102,18 @@ class Progress:
 
     def line(self) -> str:
         elapsed = max(self.clock() - self.started, 1e-9)
-        rate = self.tokens / elapsed
+        rate = self.carried / elapsed
         remaining = self.total - self.done
         if self.finished_here:
             eta = format_eta(elapsed / self.finished_here * remaining)
         else:
             eta = "--" if remaining else "0s"
-        return (f"partitions {self.done}/{self.total}  {human(self.tokens)} tokens  "
-                f"{human(rate)} tokens/s  elapsed {format_eta(elapsed)}  ETA {eta}")
+        if self.amount is None:
+            carried = f"{human(self.finished_here / elapsed)} {self.unit}/s"
+        else:
+            carried = f"{human(self.carried)}{self.amount}  {human(rate)}{self.amount}/s"
+        return (f"{self.label}{self.unit} {self.done}/{self.total}  {carried}  "
+                f"elapsed {format_eta(elapsed)}  ETA {eta}")
 
     def bar_line(self, width: int) -> str:
         """``[#####.....]  42%  partitions ...``, never wider than ``width - 1`` characters."""

@@ -185,9 +185,27 @@ class EncoderPlugin(WorkerPlugin):
             raise UserError(f"worker {worker.address} cannot load the {self.backend_name} backend ({e}); install "
                             "tokenshards[fast] on every worker, or pass --backend tiktoken") from e
 
+    @property
+    def ref(self) -> WorkerEncoder:
+        return WorkerEncoder(self.name)
+
     def __getstate__(self):
         return {"name": self.name, "params": self.params, "backend_name": self.backend_name, "encoding": None,
                 "backend": None}
+
+
+@dataclass(frozen=True)
+class WorkerEncoder:
+    """How a task reaches what its worker's ``EncoderPlugin`` built: a name, small enough to
+    travel in every task (the encoding itself is shipped once per worker, by the plugin)."""
+
+    plugin: str
+
+    def encoding(self) -> tiktoken.Encoding:
+        return worker_encoding(self.plugin)
+
+    def backend(self):
+        return worker_backend(self.plugin)
 
 
 def plugin_name(loaded: LoadedEncoding, *, backend: str = "tiktoken") -> str:

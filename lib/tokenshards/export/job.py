@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from distributed import Client, as_completed
+from distributed import Client
 
-from ..cluster import interrupt
-from ..cluster.connect import connect
+from ..cluster import runner
 from ..cluster.options import RunOptions
 from ..errors import UserError
-from ..cluster.progress import human
+from ..cluster.progress import Progress, human
 from ..format.reader import open_manifest
 from ..storage.store import check_bucket, display_url, filesystem, is_local, is_s3, join, write_json
 from . import formats, valsplit
@@ -125,8 +124,7 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
     check_bucket(dest_fs, dest_root, config.to, what="export destination")
     _prepare_dest(dest_fs, dest_root, config)
 
-    with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
-                 announce=announce, cluster_config=config.cluster_config) as client:
+    with runner.connect_to(config, announce=announce) as client:
         threshold = None
         val_docs = np.zeros(len(entries), dtype=np.int64)
         val_tokens = np.zeros(len(entries), dtype=np.int64)
@@ -213,18 +211,10 @@ def _clear_unfinished(fs, root: str, patterns: list[str]) -> None:
 
 def _val_candidates(client: Client, parts: list[PartInfo], *, source: Source, val_tokens: int) -> np.ndarray:
     """Per-partition candidates, then merges of MERGE_FAN_IN at a time, all on the cluster."""
-    level = client.map(partition_candidates, range(len(parts)), parts, source=source, val_tokens=val_tokens, pure=False)
-    try:
-        while len(level) > 1:
-            level = [client.submit(valsplit.merge, *level[i:i + MERGE_FAN_IN], val_tokens=val_tokens, pure=False)
-                     for i in range(0, len(level), MERGE_FAN_IN)]
-        return level[0].result()
-    except UserError:
-        raise
-    except Exception as e:
-        raise UserError(f"choosing validation documents failed: {type(e).__name__}: {e}") from e
-    finally:
-        client.cancel(level)
+    leaves = runner.submit(client, partition_candidates, range(len(parts)), parts, source=source, val_tokens=val_tokens)
+    root = runner.reduce_tree(client, leaves, valsplit.merge, fan_in=MERGE_FAN_IN, val_tokens=val_tokens)
+    return runner.result_of(client, root, also_cancel=leaves, explain=lambda e: UserError(
+        f"choosing validation documents failed: {type(e).__name__}: {e}"))
 
 
 def _write_files(client: Client, files, streams: Streams, parts: list[PartInfo], *, dest_fs, dest_root: str, kind: str,
@@ -240,33 +230,21 @@ def _write_files(client: Client, files, streams: Streams, parts: list[PartInfo],
         remaining[f.name], etags[f.name] = len(pieces), {}
     total_bytes = sum(f.nbytes for f in files)
     announce(f"writing {len(files)} files, {human(total_bytes)}B in {len(chunks)} chunks to {config.to}")
-    futures = []
-    done = 0
     try:
         for f in files:
             targets[f.name] = open_target(dest_fs, join(dest_root, f.name), f.nbytes)
-        for c in chunks:
-            needed = {k: parts[k] for k in sorted(c.partitions())}
-            futures.append(client.submit(write_chunk, c, targets[c.file], source=source, parts=needed,
-                                         threshold=threshold, dest_storage_options=config.storage_options, pure=False))
-        for future in as_completed(futures):
-            try:
-                name, number, etag = future.result()
-            except UserError:
-                raise
-            except Exception as e:
-                raise UserError(f"writing {config.to} failed: {type(e).__name__}: {e}") from e
+        futures = runner.submit(client, write_chunk, chunks, [targets[c.file] for c in chunks],
+                                [{k: parts[k] for k in sorted(c.partitions())} for c in chunks], source=source,
+                                threshold=threshold, dest_storage_options=config.storage_options)
+        progress = Progress(len(chunks), mode=config.progress, unit="chunks", amount="B")
+        for chunk, (name, number, etag) in runner.each_result(
+                client, futures, chunks, progress=progress, amount=lambda chunk, _: chunk.nbytes,
+                explain=lambda chunk, e: UserError(f"writing {config.to} failed: {type(e).__name__}: {e}")):
             etags[name][number] = etag
-            interrupt.check()
-            done += 1
-            if done * 10 // len(futures) > (done - 1) * 10 // len(futures):
-                announce(f"chunks {done}/{len(futures)}")
             remaining[name] -= 1
             if remaining[name] == 0:
                 commit_target(dest_fs, targets.pop(name), etags[name])
-            future.release()
     except BaseException:
-        client.cancel(futures)
         for target in targets.values():
             abort_target(dest_fs, target)
         raise

@@ -185,7 +185,7 @@ def open_target(fs, path: str, nbytes: int) -> Target:
     return Target(kind=kind, path=path, nbytes=nbytes, upload_id=upload["UploadId"])
 
 
-def write_chunk(chunk: Chunk, target: Target, *, source: Source, parts: dict[int, PartInfo],
+def write_chunk(chunk: Chunk, target: Target, parts: dict[int, PartInfo], *, source: Source,
                 threshold: Threshold | None, dest_storage_options: dict) -> tuple[str, int, str]:
     """Worker task: render one chunk and put it in place; returns (file, part number, ETag)."""
     data = render_chunk(chunk, source=source, parts=parts, threshold=threshold)

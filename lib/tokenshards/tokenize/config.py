@@ -38,7 +38,6 @@ class TokenizeConfig(RunOptions):
     hub: HubDataset | None = None
     """A Hub dataset sample (``--dataset/--size``), tokenized after (or besides) ``inputs``."""
     # -- how it runs (and RunOptions): never changes the output bytes --
-    progress: str = "auto"
     report: str | None = None
     retries: int = 2
 
@@ -52,8 +51,6 @@ class TokenizeConfig(RunOptions):
             raise UserError(f"on_bad_file={self.on_bad_file!r} not supported, expected one of {ON_BAD_FILE}")
         if self.partition_bytes is not None and self.partition_bytes < 1:
             raise UserError(f"partition_bytes={self.partition_bytes} must be positive")
-        if self.progress not in ("auto", "bar", "log", "none"):
-            raise UserError(f"progress={self.progress!r} not supported, expected auto, bar, log or none")
 
     def resolved_partition_bytes(self, corpus_text_bytes: int) -> int:
         return self.partition_bytes or auto_partition_bytes(corpus_text_bytes)

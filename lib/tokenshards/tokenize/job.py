@@ -9,19 +9,18 @@ from typing import Callable
 
 import dask
 import dask.dataframe as dd
-from distributed import Client, as_completed, performance_report
+from distributed import Client, performance_report
 
-from ..cluster import interrupt
+from ..cluster import interrupt, runner
 from ..format import v1 as manifest
-from ..cluster.connect import connect
 from .config import TokenizeConfig
 from ..encoding.backends import backend_version, choose_backend
-from ..encoding.encoders import EncoderPlugin, load_encoding, plugin_name
+from ..encoding.encoders import EncoderPlugin, load_encoding
 from ..errors import UserError
-from .task import FRAME_META, RECORD_META, PartitionJob, read_piece, tokenize_and_write
-from .plan import BadInput, plan_pieces, read_footers
+from . import corpus
+from .task import FRAME_META, PIECE_META, RESULT_META, TaskResult, TaskSettings, piece_frame, read_piece, write_frame
+from .plan import BadInput, Piece
 from ..cluster.progress import Progress, human
-from ..storage.sources import resolve_inputs
 from ..storage.store import abort_stale_uploads, ensure_writable, filesystem, join, storage_options
 
 
@@ -54,7 +53,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     t0 = time.perf_counter()
     # Options (credentials too) travel in the task graph; their repr hides values from logs.
     config = config.replace(storage_options=storage_options(config.storage_options))
-    sources = resolve_inputs(config.inputs, config.storage_options) if config.inputs else []
+    sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options)
     out_fs, out_root = filesystem(config.out, config.storage_options)
     ensure_writable(out_fs, out_root, config.out)  # a missing bucket or dead endpoint fails here, in one line
     if config.overwrite and out_fs.exists(out_root):
@@ -67,29 +66,18 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     spec = loaded.spec
     backend, backend_note = choose_backend(config.backend, loaded.encoding, loaded.params)
     encoding_notes.append(f"tokenizer: {backend_note}")
-    if config.hub:
-        from ..storage import hub  # huggingface_hub: imported only by runs that read the Hub
-    listing = hub.list_files(config.hub) if config.hub else None
-    if listing is not None and config.hub.fetch == "client":
-        sources += hub.download(config.hub, listing, announce=announce)
+    located = corpus.locate(sources, hub=config.hub, announce=announce)
 
-    with connect(workers=config.workers, scheduler=config.scheduler, dashboard_address=config.dashboard_address,
-                 announce=announce, cluster_config=config.cluster_config) as client, report:
+    with runner.connect_to(config, announce=announce) as client, report:
         for note in encoding_notes:
             announce(note)
-        if listing is not None and config.hub.fetch == "workers":
-            sources += hub.prepare_workers(client, config.hub, listing, announce=announce)
-        files, bad = read_footers(client, sources, text_column=config.text_column, id_column=config.id_column,
-                                  storage_options=config.storage_options, on_bad_file=config.on_bad_file)
-        if not files:
-            raise UserError("every input was skipped as unreadable; nothing to tokenize")
-        for b in bad:
-            announce(f"skipping unreadable input: {b.reason}")
-        partition_bytes = config.resolved_partition_bytes(sum(sum(f.row_group_text_bytes) for f in files))
-        pieces = plan_pieces(files, target_bytes=partition_bytes)
+        plan = corpus.plan(client, located, text_column=config.text_column, id_column=config.id_column,
+                           storage_options=config.storage_options, partition_bytes=config.partition_bytes,
+                           on_bad_file=config.on_bad_file, announce=announce)
+        files, pieces, unreadable = plan.files, plan.pieces, list(plan.unreadable)
         identity = manifest.job_identity(
             encoding=spec.as_dict(), encoding_fingerprint=loaded.fingerprint, eot_position=config.eot_position,
-            text_column=config.text_column, id_column=config.id_column, partition_bytes=partition_bytes,
+            text_column=config.text_column, id_column=config.id_column, partition_bytes=plan.partition_bytes,
             inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes} for f in files],
         )
         job = manifest.identity_hash(identity)
@@ -97,25 +85,26 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
         _clear_leftovers(out_fs, out_root)
         committed = manifest.committed_entries(out_fs, out_root, job=job, pieces=pieces)
         pending = [p for p in pieces if p.index not in committed]
-        announce(f"{len(sources)} input files, {sum(f.rows for f in files):,} rows, "
-                 f"{human(sum(p.text_bytes for p in pieces))}B of text in {len(pieces)} partitions"
+        announce(f"{len(plan.sources)} input files, {sum(f.rows for f in files):,} rows, "
+                 f"{human(plan.text_bytes)}B of text in {len(pieces)} partitions"
                  + (f"; {len(committed)} already committed, skipping them" if committed else ""))
 
-        client.register_plugin(EncoderPlugin(loaded, backend=backend))
-        part_job = PartitionJob(out=config.out, storage_options=config.storage_options,
-                                encoder_plugin=plugin_name(loaded, backend=backend),
+        plugin = EncoderPlugin(loaded, backend=backend)
+        client.register_plugin(plugin)
+        settings = TaskSettings(out=config.out, storage_options=config.storage_options, encoder=plugin.ref,
                                 dtype=spec.dtype, eot_position=config.eot_position, job=job,
+                                text_column=config.text_column, on_bad_file=config.on_bad_file,
                                 backend=backend_version(backend))
         entries = dict(committed)
-        started, finished = _run_pieces(client, pending, part_job, config, entries, bad, already_done=len(committed),
-                                        announce=announce)
+        started, finished = _tokenize_pending(client, pending, settings, config, entries, unreadable,
+                                              already_done=len(committed), announce=announce)
 
     interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
     # A worker killed mid-write during this run left one too; every partition is committed now.
     _clear_leftovers(out_fs, out_root)
-    result = manifest.build_manifest(identity=identity, files=files, skipped=bad, entries=list(entries.values()),
+    result = manifest.build_manifest(identity=identity, files=files, skipped=unreadable, entries=list(entries.values()),
                                      extra={"planned_partitions": len(pieces),
-                                            **({"hub": listing.record()} if listing is not None else {})})
+                                            **({"hub": plan.listing.record()} if plan.listing is not None else {})})
     manifest.write_manifest(out_fs, out_root, result)
     if config.report:
         announce(f"performance report: {config.report}")
@@ -142,8 +131,28 @@ def _performance_report(path: str | None):
     return performance_report(filename=path)
 
 
-def _run_pieces(client: Client, pending, part_job: PartitionJob, config: TokenizeConfig, entries: dict[int, dict],
-                unreadable: list[BadInput], *, already_done: int, announce: Callable[[str], None]) -> tuple[float, float]:
+DASK_SETTINGS = {
+    # Our frames already hold Arrow strings; dask's convert-string pass would copy every text.
+    "dataframe.convert-string": False,
+    # The optimizer may fuse several ``from_map`` partitions into one task when it drops
+    # columns ("tune"): a task must stay one planned partition, whose files it alone writes.
+    "optimization.tune.active": False,
+}
+
+
+def partition_tasks(pending: list[Piece], settings: TaskSettings) -> dd.DataFrame:
+    """The Dask DataFrame of the job: ``from_map`` reads each piece, ``map_partitions`` tokenizes
+    and writes it; one row of ``TaskResult`` per partition. Build and compute it under ``DASK_SETTINGS``."""
+    frames = dd.from_map(read_piece, pending, text_column=settings.text_column,
+                         storage_options=settings.storage_options, on_bad_file=settings.on_bad_file,
+                         meta=FRAME_META, enforce_metadata=False)
+    pieces = dd.from_map(piece_frame, pending, meta=PIECE_META, enforce_metadata=False)
+    return frames.map_partitions(write_frame, pieces, settings=settings, meta=RESULT_META, enforce_metadata=False)
+
+
+def _tokenize_pending(client: Client, pending: list[Piece], settings: TaskSettings, config: TokenizeConfig,
+                      entries: dict[int, dict], unreadable: list[BadInput], *, already_done: int,
+                      announce: Callable[[str], None]) -> tuple[float, float]:
     """Tokenize every pending piece; fill ``entries`` (and ``unreadable`` under --on-bad-file skip);
     return (first start, last end) times of the tasks."""
     if not pending:
@@ -151,39 +160,23 @@ def _run_pieces(client: Client, pending, part_job: PartitionJob, config: Tokeniz
     # Largest first (Dask runs them roughly in submission order): the small last partitions of
     # each file then fill the final wave, so cores idle less at the end. Output does not change.
     pending = sorted(pending, key=lambda p: (-p.text_bytes, p.index))
-    # Our frames already hold Arrow strings; dask's convert-string pass would copy every text.
-    with dask.config.set({"dataframe.convert-string": False}):
-        frames = dd.from_map(read_piece, pending, text_column=config.text_column, storage_options=config.storage_options,
-                             on_bad_file=config.on_bad_file, meta=FRAME_META, enforce_metadata=False)
-        records = frames.map_partitions(tokenize_and_write, job=part_job, meta=RECORD_META, enforce_metadata=False)
-        futures = client.compute(records.to_delayed(), retries=config.retries)
-    piece_of = {f.key: p for f, p in zip(futures, pending)}
-    first, last = float("inf"), 0.0
+    with dask.config.set(DASK_SETTINGS):
+        futures = client.compute(partition_tasks(pending, settings).to_delayed(), retries=config.retries)
     progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
-    try:
-        for future in as_completed(futures):
-            piece = piece_of[future.key]
-            try:
-                row = future.result().iloc[0]
-            except UserError:
-                raise
-            except Exception as e:
-                raise UserError(f"partition {piece.index} ({piece.input}, row groups {piece.row_groups[0]}.."
-                                f"{piece.row_groups[1] - 1}) failed: {type(e).__name__}: {e}") from e
-            if row["unreadable"] is not None:
-                progress.say(announce, f"skipping unreadable partition {piece.index}: {row['unreadable']}")
-                unreadable.append(BadInput(url=piece.input, reason=row["unreadable"], partition=piece.index,
-                                           row_groups=piece.row_groups))
-                progress.update(0)
-                continue
-            entries[piece.index] = row["entry"]
-            interrupt.check()
-            first, last = min(first, row["started"]), max(last, row["finished"])
-            progress.update(row["entry"]["tokens"])
-            future.release()
-    except BaseException:
-        client.cancel(futures)
-        raise
-    finally:
-        progress.close()
+    first, last = float("inf"), 0.0
+    results = runner.each_result(client, futures, pending, explain=runner.failure(_describe_piece), progress=progress,
+                                 amount=lambda piece, frame: TaskResult.from_frame(frame).tokens)
+    for piece, frame in results:
+        result = TaskResult.from_frame(frame)
+        if result.unreadable is not None:
+            progress.say(announce, f"skipping unreadable partition {piece.index}: {result.unreadable}")
+            unreadable.append(BadInput(url=piece.input, reason=result.unreadable, partition=piece.index,
+                                       row_groups=piece.row_groups))
+            continue
+        entries[piece.index] = result.entry
+        first, last = min(first, result.started), max(last, result.finished)
     return first, last
+
+
+def _describe_piece(piece: Piece) -> str:
+    return f"partition {piece.index} ({piece.input}, row groups {piece.row_groups[0]}..{piece.row_groups[1] - 1})"

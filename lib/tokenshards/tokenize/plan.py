@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InputError, UserError
+from ..errors import InputError
 from ..storage.store import filesystem
 
 STRING_TYPES = (pa.string(), pa.large_string(), pa.string_view())
@@ -104,25 +104,6 @@ def read_input_or_bad(url: str, name: str, *, on_bad_file: str, **kwargs) -> Inp
         if on_bad_file == "skip":
             return BadInput(url=url, reason=str(e))
         raise
-
-
-def read_footers(client, sources, *, text_column: str, id_column: str | None, storage_options: dict | None,
-                 on_bad_file: str = "fail") -> tuple[list[InputFile], list[BadInput]]:
-    """Every source's footer, read by the workers (the client never opens a data file)."""
-    futures = client.map(read_input_or_bad, [s.url for s in sources], [s.name for s in sources],
-                         on_bad_file=on_bad_file, text_column=text_column, id_column=id_column,
-                         storage_options=storage_options, pure=False)
-    try:
-        results = client.gather(futures)
-    except UserError:
-        raise
-    except Exception as e:  # botocore's own errors on a worker: no credentials there, no route to the store
-        url = next((s.url for s, f in zip(sources, futures) if f.status == "error"), "an input")
-        raise UserError(f"{url}: a worker could not read it ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
-                        "check that every worker has credentials and network access to the inputs") from e
-    finally:
-        client.cancel(futures)
-    return [r for r in results if isinstance(r, InputFile)], [r for r in results if isinstance(r, BadInput)]
 
 
 def plan_pieces(files: list[InputFile], *, target_bytes: int) -> list[Piece]:

@@ -1,8 +1,9 @@
 """What one task does on a worker: read its piece, tokenize, write the part files, commit.
 
-Reading happens in ``read_piece`` (the ``dd.from_map`` function) and the rest in
-``tokenize_and_write`` (the ``map_partitions`` function). Dask fuses the two into one task
-per piece, so the piece description rides along in the frame's ``attrs``.
+``tokenize_partition(piece, settings=, backend=)`` is all of it as a plain function. On the
+cluster the job keeps Dask's DataFrame shape: ``dd.from_map(read_piece, pieces)`` reads, and
+``map_partitions(write_frame, <the pieces, one per partition>)`` tokenizes and writes; Dask
+fuses them into one task per planned piece (the job pins that, see ``job.py``).
 """
 from __future__ import annotations
 
@@ -18,56 +19,100 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..format import v1 as manifest
-from ..encoding.encoders import worker_backend
+from ..encoding.encoders import WorkerEncoder
 from ..errors import InputError
 from .plan import STRING_TYPES, Piece
 from ..storage.store import filesystem, join, write_atomic
 from .core import tokenize_texts
 
-PIECE_ATTR = "tokenshards_piece"
-SKIP_ATTR = "tokenshards_unreadable"
 FRAME_META = pd.DataFrame({
     "row": pd.Series([], dtype="int64"),
     "id": pd.Series([], dtype=pd.ArrowDtype(pa.string())),
     "text": pd.Series([], dtype=pd.ArrowDtype(pa.string())),  # or large_string, as the file has it
 })
-RECORD_META = pd.DataFrame({
-    "entry": pd.Series([], dtype=object),
-    "unreadable": pd.Series([], dtype=object),
-    "started": pd.Series([], dtype="float64"),
-    "finished": pd.Series([], dtype="float64"),
-})
+PIECE_META = pd.DataFrame({"piece": pd.Series([], dtype=object)})
+RESULT_META = pd.DataFrame({"result": pd.Series([], dtype=object)})
 
 
 @dataclass(frozen=True, kw_only=True)
-class PartitionJob:
-    """The few things every task needs; small, so it travels in each task cheaply."""
+class TaskSettings:
+    """The few things every task needs besides its piece; small, so it travels in each task cheaply."""
 
     out: str
     storage_options: dict
-    encoder_plugin: str
+    encoder: WorkerEncoder
     dtype: str
     eot_position: str
     job: str
+    text_column: str = "text"
+    on_bad_file: str = "fail"
     backend: str = ""
     """The tokenizer that writes this run's partitions (``"splintr 0.22.0"``), recorded in each
     done record: a resumed run may have written its partitions with another."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class TaskResult:
+    """What one partition's task reports: its manifest entry, or why it was skipped as unreadable."""
+
+    piece: Piece
+    entry: dict | None
+    unreadable: str | None = None
+    started: float
+    finished: float
+
+    @property
+    def tokens(self) -> int:
+        return self.entry["tokens"] if self.entry else 0
+
+    def as_frame(self) -> pd.DataFrame:
+        """The one-row frame ``map_partitions`` must return."""
+        return pd.DataFrame({"result": pd.Series([self], dtype=object)})
+
+    @staticmethod
+    def from_frame(frame: pd.DataFrame) -> "TaskResult":
+        [result] = frame["result"].tolist()
+        return result
+
+
+def tokenize_partition(piece: Piece, *, settings: TaskSettings, backend) -> TaskResult:
+    """The whole of one partition's work, as a plain function (no Dask): read, tokenize, write, commit."""
+    return write_partition(read_piece(piece, text_column=settings.text_column, storage_options=settings.storage_options,
+                                      on_bad_file=settings.on_bad_file), piece, settings=settings, backend=backend)
+
+
+def piece_frame(piece: Piece) -> pd.DataFrame:
+    """``dd.from_map``'s second collection: each partition's own piece, aligned with its rows, so
+    the piece reaches ``write_frame`` as an argument."""
+    return pd.DataFrame({"piece": pd.Series([piece], dtype=object)})
+
+
+def write_frame(frame: pd.DataFrame, pieces: pd.DataFrame, *, settings: TaskSettings) -> pd.DataFrame:
+    """``map_partitions``' function: the piece's rows and the piece in, one result row out."""
+    [piece] = pieces["piece"].tolist()
+    return write_partition(frame, piece, settings=settings, backend=settings.encoder.backend()).as_frame()
+
+
 def read_piece(piece: Piece, *, text_column: str, storage_options: dict, on_bad_file: str = "fail") -> pd.DataFrame:
     """The piece's rows as (row, id, text); ids are None when the source has no id column.
 
-    With ``on_bad_file="skip"`` an unreadable piece becomes an empty frame that says why.
+    With ``on_bad_file="skip"`` an unreadable piece becomes one row whose ``text`` is null and
+    whose ``id`` says why (``UNREADABLE`` marks it): the task then commits nothing for it.
     """
     try:
-        frame = _read_piece(piece, text_column=text_column, storage_options=storage_options)
+        return _read_piece(piece, text_column=text_column, storage_options=storage_options)
     except InputError as e:
         if on_bad_file != "skip":
             raise
-        frame = FRAME_META.copy()
-        frame.attrs[SKIP_ATTR] = str(e)
-    frame.attrs[PIECE_ATTR] = piece
-    return frame
+        return pd.DataFrame({
+            "row": pd.Series([UNREADABLE], dtype="int64"),
+            "id": pd.Series(pd.arrays.ArrowExtensionArray(pa.array([str(e)], pa.string()))),
+            "text": pd.Series(pd.arrays.ArrowExtensionArray(pa.nulls(1, pa.string()))),
+        })
+
+
+UNREADABLE = -1
+"""The ``row`` of the one row ``read_piece`` returns for a piece it could not read (under skip)."""
 
 
 def _read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.DataFrame:
@@ -96,18 +141,14 @@ def _read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.
     return frame
 
 
-def tokenize_and_write(frame: pd.DataFrame, *, job: PartitionJob) -> pd.DataFrame:
-    """Tokenize the piece, write tokens + docs, then the done record that commits them.
-
-    Returns one small row (the manifest entry as JSON, and timings); tokens stay on the worker.
-    """
+def write_partition(frame: pd.DataFrame, piece: Piece, *, settings: TaskSettings, backend) -> TaskResult:
+    """Tokenize the piece's rows, write tokens + docs, then the done record that commits them.
+    Tokens stay on the worker; the result carries the manifest entry."""
     started = time.time()
-    piece: Piece = frame.attrs[PIECE_ATTR]
-    if SKIP_ATTR in frame.attrs:
-        return pd.DataFrame({"entry": [None], "unreadable": [frame.attrs[SKIP_ATTR]], "started": [started],
-                             "finished": [time.time()]})
+    if len(frame) == 1 and frame["row"].iat[0] == UNREADABLE:
+        return TaskResult(piece=piece, entry=None, unreadable=frame["id"].iat[0], started=started, finished=time.time())
     texts = pa.array(frame["text"]).to_pylist()
-    batch = tokenize_texts(texts, worker_backend(job.encoder_plugin), eot_position=job.eot_position, dtype=job.dtype)
+    batch = tokenize_texts(texts, backend, eot_position=settings.eot_position, dtype=settings.dtype)
     rows = frame["row"].to_numpy()[batch.kept]
     ids = pa.array(frame["id"]).take(pa.array(batch.kept)).to_pylist()
     ids = [i if i is not None else f"{piece.name}:{r}" for i, r in zip(ids, rows.tolist())]
@@ -119,16 +160,17 @@ def tokenize_and_write(frame: pd.DataFrame, *, job: PartitionJob) -> pd.DataFram
         "start": pa.array(batch.starts, pa.int64()),
         "length": pa.array(batch.lengths, pa.int64()),
     })
-    fs, root = filesystem(job.out, job.storage_options)
+    fs, root = filesystem(settings.out, settings.storage_options)
     write_atomic(fs, join(root, manifest.tokens_file(piece.index)), tokens_bytes)
     write_atomic(fs, join(root, manifest.docs_file(piece.index)), _parquet_bytes(docs))
     entry = manifest.partition_entry(
         piece, docs=len(batch.lengths), skipped_null=batch.skipped_null, skipped_empty=batch.skipped_empty,
-        tokens=int(len(batch.tokens)), sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend=job.backend,
+        tokens=int(len(batch.tokens)), sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend=settings.backend,
     )
     # The done record goes last: its presence is what commits the partition.
-    write_atomic(fs, join(root, manifest.done_file(piece.index)), json.dumps(manifest.done_record(entry, job.job)).encode())
-    return pd.DataFrame({"entry": [entry], "unreadable": [None], "started": [started], "finished": [time.time()]})
+    write_atomic(fs, join(root, manifest.done_file(piece.index)),
+                 json.dumps(manifest.done_record(entry, settings.job)).encode())
+    return TaskResult(piece=piece, entry=entry, started=started, finished=time.time())
 
 
 def _npy_bytes(tokens: np.ndarray) -> bytes:

@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from distributed import Client
 
-from ..cluster import interrupt
+from ..cluster import runner
+from ..cluster.progress import Progress
 from ..format import v1
 from ..cluster.options import RunOptions
 from ..tokenize.config import EOT_POSITIONS
@@ -493,7 +494,6 @@ def _read_rows(url: str, rows: list[int], *, row_groups: list[int], text_column:
 def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print) -> VerifyReport:
     """Check OUT; problems are returned, never raised. Raises ``UserError`` only when there is
     nothing to check (no manifest) or the cluster or storage can't be reached."""
-    from ..cluster.connect import connect  # a LocalCluster is only needed here, not by the pure checks
 
     fs, root = filesystem(config.out, config.storage_options)
     try:
@@ -529,8 +529,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     sample = choose_sample([(e["index"], int(e["docs"])) for e in entries], n=config.deep, seed=config.seed) \
         if loaded is not None else {}
 
-    with connect(workers=config.workers, scheduler=config.scheduler, cluster_config=config.cluster_config,
-                 dashboard_address=config.dashboard_address, announce=announce) as client:
+    with runner.connect_to(config, announce=announce) as client:
         if loaded is not None:
             client.register_plugin(EncoderPlugin(loaded))
             expected = dataclasses.replace(expected, encoder_plugin=plugin_name(loaded))
@@ -546,13 +545,10 @@ def _verify_partitions(client: Client, entries: list[dict], sample: dict[int, li
     fs, root = filesystem(config.out, config.storage_options)
     # A local OUT goes to workers as an absolute path: their working directory may differ.
     out = root if is_local(fs) else config.out
-    futures = client.map(verify_partition, entries, [sample.get(e["index"], []) for e in entries],
-                         out=out, storage_options=config.storage_options, expected=expected, pure=False)
-    try:
-        results = client.gather(futures)
-        interrupt.check()  # a Ctrl-C swallowed inside Dask must not end in a clean report
-    finally:
-        client.cancel(futures)
+    futures = runner.submit(client, verify_partition, entries, [sample.get(e["index"], []) for e in entries],
+                            out=out, storage_options=config.storage_options, expected=expected)
+    results = runner.gather(client, futures, entries, explain=runner.failure(lambda e: f"checking partition {e['index']}"),
+                            progress=Progress(len(entries), mode=config.progress, amount=None))
     problems = [p for partition_problems, _ in results for p in partition_problems]
     return problems, sum(compared for _, compared in results)
 

@@ -1,0 +1,114 @@
+"""The one way a job runs work on the cluster.
+
+Every job is a short script of its own steps around three calls: ``connect_to`` (a client from
+the job's run options), ``submit`` (a function over work items, one task each), and
+``each_result`` / ``gather`` (results as they finish, with progress, the Ctrl-C flag checked
+between them, every task cancelled when anything goes wrong, and a failed task turned into one
+``UserError`` line that names its item). ``reduce_tree`` combines results on the workers, so
+only the root reaches the client. Nothing here knows what a partition, chunk or file is.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+from distributed import Client, Future, as_completed
+
+from ..errors import UserError
+from . import interrupt
+from .options import RunOptions
+from .progress import Progress
+
+Item = TypeVar("Item")
+
+
+def connect_to(options: RunOptions, *, announce: Callable[[str], None]) -> contextlib.AbstractContextManager[Client]:
+    """A client where ``options`` say the job runs (local, ``--scheduler``, ``--cluster``)."""
+    from .connect import connect
+
+    return connect(workers=options.workers, scheduler=options.scheduler, dashboard_address=options.dashboard_address,
+                   announce=announce, cluster_config=options.cluster_config)
+
+
+def submit(client: Client, fn: Callable, items: Sequence, *more: Sequence, retries: int = 0, **kwargs) -> list[Future]:
+    """One task per item: ``fn(item, *more[i], **kwargs)``; never deduplicated (``pure=False``),
+    since tasks write files."""
+    return client.map(fn, list(items), *map(list, more), pure=False, retries=retries, **kwargs)
+
+
+def failure(describe: Callable[[Any], str]) -> Callable[[Any, Exception], UserError]:
+    """The default one-line error for a failed task: ``<what the item is> failed: <cause>``."""
+    def explain(item, e: Exception) -> UserError:
+        return UserError(f"{describe(item)} failed: {type(e).__name__}: {e}")
+
+    return explain
+
+
+def each_result(client: Client, futures: Sequence[Future], items: Sequence[Item], *,
+                explain: Callable[[Item, Exception], UserError], progress: Progress | None = None,
+                amount: Callable[[Item, Any], int] = lambda item, result: 0,
+                fetch: bool = True) -> Iterator[tuple[Item, Any]]:
+    """(item, result) as tasks finish. A task's ``UserError`` passes through as it is; any other
+    error becomes ``explain(item, error)``. On any error, Ctrl-C, or the caller leaving the loop
+    early, every task still pending is cancelled. ``progress`` counts each ``amount(item, result)``.
+    ``fetch=False`` leaves results on the workers (a tree of tasks combines them) and yields None."""
+    item_of = {future.key: item for future, item in zip(futures, items)}
+    try:
+        for future in as_completed(futures):
+            item = item_of[future.key]
+            result = None
+            if fetch or future.status == "error":
+                try:
+                    result = future.result()
+                except UserError:
+                    raise
+                except Exception as e:
+                    raise explain(item, e) from e
+            yield item, result
+            interrupt.check()  # a Ctrl-C that Dask swallowed still stops the job here
+            if progress is not None:
+                progress.update(amount(item, result))
+            future.release()  # a finished result is the caller's now: free it on the worker
+    except BaseException:
+        client.cancel(list(futures))
+        raise
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def gather(client: Client, futures: Sequence[Future], items: Sequence[Item], *,
+           explain: Callable[[Item, Exception], UserError], progress: Progress | None = None,
+           amount: Callable[[Item, Any], int] = lambda item, result: 0) -> list:
+    """Every result, in the order of ``items`` (for steps whose results are all small)."""
+    results: list = [None] * len(items)
+    for i, result in each_result(client, futures, range(len(items)), explain=lambda i, e: explain(items[i], e),
+                                 progress=progress, amount=lambda i, result: amount(items[i], result)):
+        results[i] = result
+    return results
+
+
+def reduce_tree(client: Client, leaves: Sequence[Future], combine: Callable, *, fan_in: int = 8,
+                root_kwargs: dict | None = None, retries: int = 0, **kwargs) -> Future:
+    """Combine ``leaves`` ``fan_in`` at a time on the workers, level by level; the root is one
+    more ``combine`` call (with ``root_kwargs`` besides ``kwargs``), so only it reaches the client."""
+    level = list(leaves)
+    while len(level) > fan_in:
+        level = [client.submit(combine, *level[i:i + fan_in], pure=False, retries=retries, **kwargs)
+                 for i in range(0, len(level), fan_in)]
+    return client.submit(combine, *level, pure=False, retries=retries, **kwargs, **(root_kwargs or {}))
+
+
+def result_of(client: Client, future: Future, *, explain: Callable[[Exception], UserError],
+              also_cancel: Sequence[Future] = ()) -> Any:
+    """One future's result (a tree's root); any error is ``explain``-ed and cancels ``also_cancel``
+    too. (Only on error: cancelling the finished leaves of a finished tree trips an assertion in
+    distributed 2026.8's scheduler, which then drops the client's connection.)"""
+    try:
+        return future.result()
+    except UserError:
+        client.cancel([future, *also_cancel])
+        raise
+    except Exception as e:
+        client.cancel([future, *also_cancel])
+        raise explain(e) from e
