@@ -173,9 +173,9 @@ def test_a_partition_is_a_plain_function_without_a_cluster(corpus, tmp_path, gpt
 
     pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
     result = tokenize_partition(pieces[1], settings=settings, backend=TiktokenBackend(gpt2))
-    assert result.unreadable is None and result.entry["index"] == pieces[1].index
-    tokens = np.load(tmp_path / result.entry["tokens_file"])
-    assert len(tokens) == result.entry["tokens"] == result.tokens > 0
+    assert result.unreadable is None and result.entry.index == pieces[1].index
+    tokens = np.load(tmp_path / result.entry.tokens_file)
+    assert len(tokens) == result.entry.tokens == result.tokens > 0
     assert json.loads((tmp_path / f"parts/part-{pieces[1].index:05d}.done.json").read_text())["job"] == "test-job"
 
 

@@ -19,8 +19,8 @@ from tokenshards.cli import main
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
 from tokenshards.tokenize.job import run_tokenize
-from tokenshards.verify.job import (VerifyConfig, check_layout, choose_sample, compare_document, run_verify,
-                                _ranges)
+from tokenshards.verify.checks import _ranges, check_layout, choose_sample, compare_document
+from tokenshards.verify.job import VerifyConfig, run_verify
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 TEXTS = [topics[name] for name in sorted(topics)[:48]]

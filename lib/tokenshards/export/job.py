@@ -108,16 +108,16 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
     """Run the whole export; raises ``UserError`` for anything the user can fix."""
     t0 = time.perf_counter()
     _, _, manifest = open_manifest(config.out, config.storage_options)
-    dtype = formats.output_dtype(config.format, manifest["encoding"]["dtype"])
-    entries = sorted(manifest["partitions"], key=lambda e: e["index"])
-    docs = np.array([e["docs"] for e in entries], dtype=np.int64)
-    tokens = np.array([e["tokens"] for e in entries], dtype=np.int64)
+    dtype = formats.output_dtype(config.format, manifest.encoding.dtype)
+    entries = manifest.by_index()
+    docs = np.array([e.docs for e in entries], dtype=np.int64)
+    tokens = np.array([e.tokens for e in entries], dtype=np.int64)
     if config.val_tokens and config.val_tokens >= tokens.sum():
         raise UserError(f"--val-tokens {config.val_tokens:,} is not less than the {int(tokens.sum()):,} tokens in "
                         f"{config.out}; pass a smaller --val-tokens (or 0 for no validation set)")
-    ordinal = {i["path"]: n for n, i in enumerate(manifest["inputs"])}
-    parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e["input"], -1)) for e in entries]
-    source = Source(out=config.out, storage_options=config.storage_options, dtype=manifest["encoding"]["dtype"])
+    ordinal = {i["path"]: n for n, i in enumerate(manifest.inputs)}
+    parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
+    source = Source(out=config.out, storage_options=config.storage_options, dtype=manifest.encoding.dtype)
 
     dest_fs, dest_root = filesystem(config.to, config.storage_options)
     kind = target_kind(dest_fs)
@@ -146,9 +146,9 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
         "format": RECORD_FORMAT,
         "export_format": config.format,
         "source": config.out,
-        "source_job": manifest.get("job"),
-        "encoding": manifest["encoding"],
-        "eot_position": manifest.get("eot_position"),
+        "source_job": manifest.job,
+        "encoding": manifest.encoding.to_dict(),
+        "eot_position": manifest.eot_position,
         "dtype": dtype,
         "shard_tokens": config.shard_size if config.format in ("llmc", "npy") else None,
         "val_tokens_requested": config.val_tokens,

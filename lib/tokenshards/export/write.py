@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..format.reader import PartitionFiles
+from ..format.v1 import PartitionEntry
 from ..storage.store import filesystem, is_local
 from .layout import Chunk
 from .valsplit import Threshold, candidates, id_hashes, is_val
@@ -39,7 +40,7 @@ class Source:
 class PartInfo:
     """What a task needs of one partition: its manifest entry and the client's expectations."""
 
-    entry: dict
+    entry: PartitionEntry
     input_ordinal: int
     val_docs: int = 0
     val_tokens: int = 0
@@ -84,7 +85,7 @@ class _SplitView:
             val = np.zeros(len(docs.lengths), dtype=bool)
         got = (int(val.sum()), int(docs.lengths[val].sum()))
         if got != (part.val_docs, part.val_tokens):
-            raise UserError(f"{part.entry['docs_file']}: {got[0]} validation documents ({got[1]} tokens) now, "
+            raise UserError(f"{part.entry.docs_file}: {got[0]} validation documents ({got[1]} tokens) now, "
                             f"{part.val_docs} ({part.val_tokens}) when the export was planned; did OUT change? rerun export")
         self.split = {}
         for name, mask in (("val", val), ("train", ~val)):
@@ -110,7 +111,7 @@ class _SplitView:
     def lengths(self, split: str, lo: int, hi: int) -> np.ndarray:
         lengths = self.split[split][0][lo:hi]
         if len(lengths) and lengths.max() > np.iinfo(np.int32).max:
-            raise UserError(f"{self.files.partitions[self.k]['docs_file']}: a document of {lengths.max():,} tokens "
+            raise UserError(f"{self.files.partitions[self.k].docs_file}: a document of {lengths.max():,} tokens "
                             "does not fit Megatron's int32 sequence lengths")
         return lengths.astype("<i4")
 

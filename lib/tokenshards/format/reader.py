@@ -6,7 +6,6 @@ range read, so opening a dataset costs one small object and nothing is downloade
 """
 from __future__ import annotations
 
-import io
 from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Iterator
@@ -16,11 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import v1
+from .v1 import Manifest, PartitionEntry
 from ..errors import UserError
 from ..storage.store import is_local, join
-
-NPY_HEAD_PROBE = 4096
-"""Bytes read to parse a ``.npy`` header; np.save pads 1-D headers to 64 or 128 bytes."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +30,7 @@ class PartDocs:
     lengths: np.ndarray
 
 
-def open_manifest(out: str, storage_options: dict | None = None) -> tuple:
+def open_manifest(out: str, storage_options: dict | None = None) -> tuple[object, str, Manifest]:
     """(fs, root, manifest) for OUT; a folder without a format v1 manifest is refused."""
     return v1.open_finished(out, storage_options)
 
@@ -41,7 +38,7 @@ def open_manifest(out: str, storage_options: dict | None = None) -> tuple:
 class PartitionFiles:
     """Range reads of one output's part files; shared by ``TokenDataset`` and the exporter."""
 
-    def __init__(self, fs, root: str, *, dtype: str, partitions):
+    def __init__(self, fs, root: str, *, dtype: str, partitions: list[PartitionEntry] | dict[int, PartitionEntry]):
         """``partitions``: manifest entries indexed by their position in manifest order (a list,
         or a dict holding only the few a task touches, so tasks stay small)."""
         self.fs = fs
@@ -56,56 +53,54 @@ class PartitionFiles:
         # Memory maps would pickle as full copies (e.g. into DataLoader worker processes): reopen instead.
         return {**self.__dict__, "_maps": {}}
 
-    def _path(self, k: int, key: str) -> str:
-        return join(self.root, self.partitions[k][key])
+    def _tokens_path(self, k: int) -> str:
+        return join(self.root, self.partitions[k].tokens_file)
 
     def docs(self, k: int, columns: tuple[str, ...] = ("id", "row", "start", "length")) -> PartDocs:
         """The docs table of the k-th partition (manifest order), checked against the manifest."""
         entry = self.partitions[k]
-        path = self._path(k, "docs_file")
+        path = join(self.root, entry.docs_file)
         try:
             with self.fs.open(path, "rb") as f:
                 table = pq.read_table(f, columns=list(columns))
         except (OSError, pa.ArrowException) as e:
             raise UserError(f"{path}: unreadable ({type(e).__name__}: {e}); the output is damaged, rerun tokenize") from e
-        if table.num_rows != entry["docs"]:
-            raise UserError(f"{path}: {table.num_rows} documents, the manifest says {entry['docs']}; the output is damaged")
+        if table.num_rows != entry.docs:
+            raise UserError(f"{path}: {table.num_rows} documents, the manifest says {entry.docs}; the output is damaged")
         get = lambda name, dtype: table.column(name).to_numpy().astype(dtype, copy=False) if name in columns else None  # noqa: E731
         ids = table.column("id").combine_chunks() if "id" in columns else None
         return PartDocs(ids=ids, rows=get("row", np.int64), starts=get("start", np.int64), lengths=get("length", np.int64))
 
     def tokens(self, k: int, lo: int, hi: int) -> np.ndarray:
         """Tokens [lo, hi) of the k-th partition: a view of a memory map locally, one range read elsewhere."""
-        n = self.partitions[k]["tokens"]
+        n = self.partitions[k].tokens
         if not 0 <= lo <= hi <= n:
-            raise IndexError(f"tokens [{lo}, {hi}) outside partition {self.partitions[k]['index']} of {n} tokens")
+            raise IndexError(f"tokens [{lo}, {hi}) outside partition {self.partitions[k].index} of {n} tokens")
         if self._local:
             if k not in self._maps:
-                self._maps[k] = np.load(self._path(k, "tokens_file"), mmap_mode="r")
+                self._maps[k] = np.load(self._tokens_path(k), mmap_mode="r")
             return self._maps[k][lo:hi]
         if lo == hi:
             return np.empty(0, self.dtype)
         offset = self._data_offset(k)
         size = self.dtype.itemsize
-        raw = self.fs.cat_file(self._path(k, "tokens_file"), start=offset + lo * size, end=offset + hi * size)
+        raw = self.fs.cat_file(self._tokens_path(k), start=offset + lo * size, end=offset + hi * size)
         if len(raw) != (hi - lo) * size:
-            raise UserError(f"{self._path(k, 'tokens_file')}: short read; the object is smaller than the manifest says")
+            raise UserError(f"{self._tokens_path(k)}: short read; the object is smaller than the manifest says")
         return np.frombuffer(raw, self.dtype)
 
     def _data_offset(self, k: int) -> int:
         """Where the array starts in a ``.npy`` object (after its self-describing header)."""
         if k not in self._offsets:
-            path = self._path(k, "tokens_file")
-            head = io.BytesIO(self.fs.cat_file(path, start=0, end=NPY_HEAD_PROBE))
+            path = self._tokens_path(k)
             try:
-                version = np.lib.format.read_magic(head)
-                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-                shape, _, dtype = read(head)
-            except ValueError as e:
+                header = v1.read_npy_header(self.fs.cat_file(path, start=0, end=v1.NPY_HEAD_PROBE))
+            except v1.NpyHeaderError as e:
                 raise UserError(f"{path}: not a .npy file ({e}); the output is damaged") from e
-            if dtype.newbyteorder("<") != self.dtype or shape != (self.partitions[k]["tokens"],):
-                raise UserError(f"{path}: holds {dtype} {shape}, the manifest says {self.dtype} ({self.partitions[k]['tokens']},)")
-            self._offsets[k] = head.tell()
+            n = self.partitions[k].tokens
+            if header.dtype.newbyteorder("<") != self.dtype or header.shape != (n,):
+                raise UserError(f"{path}: holds {header.dtype} {header.shape}, the manifest says {self.dtype} ({n},)")
+            self._offsets[k] = header.offset
         return self._offsets[k]
 
 
@@ -120,10 +115,10 @@ class TokenDataset:
     def __init__(self, out: str, *, storage_options: dict | None = None):
         self.out = out
         fs, root, self.manifest = open_manifest(out, storage_options)
-        parts = sorted(self.manifest["partitions"], key=lambda e: e["index"])
-        self._files = PartitionFiles(fs, root, dtype=self.manifest["encoding"]["dtype"], partitions=parts)
-        self._doc_bounds = np.concatenate([[0], np.cumsum([p["docs"] for p in parts], dtype=np.int64)])
-        self._token_bounds = np.concatenate([[0], np.cumsum([p["tokens"] for p in parts], dtype=np.int64)])
+        parts = self.manifest.by_index()
+        self._files = PartitionFiles(fs, root, dtype=self.manifest.encoding.dtype, partitions=parts)
+        self._doc_bounds = np.concatenate([[0], np.cumsum([p.docs for p in parts], dtype=np.int64)])
+        self._token_bounds = np.concatenate([[0], np.cumsum([p.tokens for p in parts], dtype=np.int64)])
         self._docs: dict[int, PartDocs] = {}
         self._by_id: dict[str, int] | None = None
 
@@ -142,7 +137,7 @@ class TokenDataset:
 
     @property
     def encoding(self) -> dict:
-        return dict(self.manifest["encoding"])
+        return self.manifest.encoding.to_dict()
 
     def __len__(self) -> int:
         return self.n_docs
@@ -185,7 +180,7 @@ class TokenDataset:
     def doc_source(self, i: int) -> tuple[str, int]:
         """(input file, row) the document came from."""
         k, j = self._locate_doc(i)
-        return self._files.partitions[k]["input"], int(self._part_docs(k).rows[j])
+        return self._files.partitions[k].input, int(self._part_docs(k).rows[j])
 
     def index_of(self, doc_id: str) -> int:
         """The number of the document with this id. The first call reads every docs table

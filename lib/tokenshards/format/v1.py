@@ -1,21 +1,52 @@
-"""Format v1: file names, done records, resume, and the manifest written last (DESIGN.md)."""
+"""Format v1, the contract with training code (DESIGN.md): its names, the typed partition entry
+and manifest, the bytes of a partition's files, and the one ``.npy`` header parser.
+
+Every module that writes or reads a run goes through here, so a new field is one edit. Which
+partitions a rerun may keep (job identity, done records, claiming OUT) is not the format: that
+lives in ``tokenize.resume``.
+"""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-import json
+import io
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 
 import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from ..errors import OutputConflict, UserError
-from ..tokenize.plan import BadInput, InputFile, Piece
+from ..errors import UserError
 from ..storage.store import filesystem, join, read_json, write_json
+
+if TYPE_CHECKING:  # the plan's types are only read by attribute here; format must not import tokenize
+    from ..tokenize.plan import BadInput, InputFile
 
 FORMAT = "tokenshards/1"
 MANIFEST = "manifest.json"
-JOB_FILE = "tokenshards-job.json"
-"""What the run in OUT was asked to do; written before the first partition, so a rerun with
-other inputs or options can say exactly what differs."""
 TOTAL_KEYS = ("rows", "docs", "tokens", "skipped_null", "skipped_empty")
+FORMAT_KEYS = ("format", "encoding", "eot_position", "text_column", "inputs", "partitions", "totals")
+"""DESIGN's required keys: what any format v1 manifest holds, whoever wrote it."""
+REQUIRED_KEYS = FORMAT_KEYS + (
+    # not in DESIGN's list, but every tokenshards run writes them and verify needs them:
+    # done records carry `job`, --deep compares the encoding with `encoding_sha256`.
+    "job", "encoding_sha256")
+ENCODING_KEYS = ("name", "n_vocab", "eot", "dtype")
+ENTRY_KEYS = ("index", "input", "row_groups", "rows", "docs", "skipped_null", "skipped_empty", "tokens",
+              "tokens_file", "docs_file", "sha256")
+DOCS_COLUMNS = ("id", "row", "start", "length")
+NPY_HEAD_PROBE = 4096
+"""Bytes enough to parse a ``.npy`` header; np.save pads 1-D headers to 64 or 128 bytes."""
+
+
+class ManifestError(ValueError):
+    """A manifest (or entry) that is not format v1; the message says what is wrong, without a path."""
+
+
+class NpyHeaderError(ValueError):
+    """Bytes that do not start with a ``.npy`` header."""
 
 
 def part_stem(index: int) -> str:
@@ -34,165 +65,189 @@ def done_file(index: int) -> str:
     return f"{part_stem(index)}.done.json"
 
 
-def job_identity(*, encoding: dict, encoding_fingerprint: str, eot_position: str, text_column: str,
-                 id_column: str | None, partition_bytes: int, inputs: list[dict]) -> dict:
-    """What decides the bytes of every part file. Two runs may share OUT iff this is equal."""
-    return {
-        "format": FORMAT,
-        "encoding": encoding,
-        "encoding_sha256": encoding_fingerprint,
-        "eot_position": eot_position,
-        "text_column": text_column,
-        "id_column": id_column,
-        "partition_bytes": partition_bytes,
-        "inputs": inputs,
-    }
+# -- the typed manifest ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionEntry:
+    """One manifest ``partitions`` entry (also the body of the partition's done record)."""
+
+    index: int
+    input: str
+    row_groups: tuple[int, int]
+    rows: int
+    docs: int
+    skipped_null: int
+    skipped_empty: int
+    tokens: int
+    tokens_file: str
+    docs_file: str
+    sha256: str
+    """Of the tokens file's bytes."""
+    backend: str | None = None
+    """The tokenizer that wrote the partition (``"splintr 0.22.0"``); absent in older runs."""
+    extra: dict = field(default_factory=dict, compare=True)
+    """Keys this version does not know, kept so that nothing read is lost."""
+
+    def to_dict(self) -> dict:
+        """The JSON object, keys in the order every tokenshards run has written them."""
+        entry = {k: getattr(self, k) for k in ENTRY_KEYS}
+        entry["row_groups"] = list(self.row_groups)
+        if self.backend is not None:
+            entry["backend"] = self.backend
+        entry.update(self.extra)
+        return entry
+
+    @classmethod
+    def from_dict(cls, d: dict, *, where: str = "partition entry") -> "PartitionEntry":
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where} is not a JSON object")
+        missing = [k for k in ENTRY_KEYS if k not in d]
+        if missing:
+            raise ManifestError(f"{where} lacks {', '.join(missing)}")
+        known = ENTRY_KEYS + ("backend",)
+        values = {k: d[k] for k in ENTRY_KEYS}
+        rg = d["row_groups"]
+        values["row_groups"] = tuple(rg) if isinstance(rg, (list, tuple)) else rg
+        return cls(**values, backend=d.get("backend"), extra={k: v for k, v in d.items() if k not in known})
 
 
-def identity_hash(identity: dict) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+@dataclass(frozen=True, kw_only=True)
+class Encoding:
+    """The manifest's ``encoding`` block: what a reader needs to interpret the token ids."""
+
+    name: str
+    n_vocab: int
+    eot: int
+    dtype: str
+    """``uint16`` when n_vocab <= 65536, else ``uint32``; stored little-endian."""
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "n_vocab": self.n_vocab, "eot": self.eot, "dtype": self.dtype, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d) -> "Encoding":
+        if not isinstance(d, dict) or any(k not in d for k in ENCODING_KEYS):
+            raise ManifestError(f"encoding {d!r} lacks one of {', '.join(ENCODING_KEYS)}")
+        return cls(**{k: d[k] for k in ENCODING_KEYS}, extra={k: v for k, v in d.items() if k not in ENCODING_KEYS})
 
 
-def partition_entry(piece: Piece, *, docs: int, skipped_null: int, skipped_empty: int, tokens: int, sha256: str,
-                    backend: str = "") -> dict:
-    """A manifest ``partitions`` entry: also the body of the partition's done record."""
-    entry = {
-        "index": piece.index,
-        "input": piece.input,
-        "row_groups": list(piece.row_groups),
-        "rows": piece.rows,
-        "docs": docs,
-        "skipped_null": skipped_null,
-        "skipped_empty": skipped_empty,
-        "tokens": tokens,
-        "tokens_file": tokens_file(piece.index),
-        "docs_file": docs_file(piece.index),
-        "sha256": sha256,
-    }
-    if backend:
-        entry["backend"] = backend
-    return entry
+_ABSENT_IF_NONE = ("job", "encoding_sha256", "partition_bytes", "planned_partitions")
 
 
-def done_record(entry: dict, job: str) -> dict:
-    return {**entry, "job": job}
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """``manifest.json``: the commit point of a run and the index a reader trusts.
 
-
-def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pieces: list[Piece]) -> dict[int, dict]:
-    """Partitions an earlier run of the *same* job committed (their done record exists).
-
-    A done record of another job means OUT holds a different run: refuse, saying what differs.
+    Fields other than DESIGN's required ones are None (or empty) when a manifest lacks them and
+    are then not written back; keys nobody here knows stay in ``extra``, in their order.
     """
-    by_index = {p.index: p for p in pieces}
-    found: dict[int, dict] = {}
-    paths = sorted(fs.glob(join(root, "parts", "part-*.done.json")))
-    # One batched read: s3fs fetches the records concurrently, which matters for 10^4 of them.
-    contents = fs.cat(paths) if paths else {}
-    for path in paths:
-        record = json.loads(contents[path])
-        if record.get("job") != job:
-            raise OutputConflict(
-                f"{path} was written by a different run (other inputs or options); "
-                "use another --out, or pass --overwrite to replace it"
-            )
-        piece = by_index.get(record["index"])
-        if piece is None or record["input"] != piece.input or record["row_groups"] != list(piece.row_groups):
-            raise OutputConflict(f"{path} does not match this run's partition plan; pass --overwrite to replace it")
-        found[record["index"]] = {k: v for k, v in record.items() if k != "job"}
-    return found
+
+    encoding: Encoding
+    eot_position: str
+    text_column: str
+    id_column: str | None = None
+    """None: the source had no id column (ids are ``"<file>:<row>"``); always written."""
+    inputs: tuple[dict, ...]
+    partitions: tuple[PartitionEntry, ...]
+    totals: dict
+    job: str | None = None
+    """The hash of the job identity; every done record carries it."""
+    encoding_sha256: str | None = None
+    partition_bytes: int | None = None
+    skipped_inputs: tuple[dict, ...] = ()
+    planned_partitions: int | None = None
+    extra: dict = field(default_factory=dict)
+    backend: str | None = None
+    """Every tokenizer that wrote a partition, joined by ", " (a resumed run may have used two)."""
+    format: str = FORMAT
+
+    # The order of the keys in the file: the order of the fields above, ``format`` first.
+    def to_dict(self) -> dict:
+        out: dict = {"format": self.format, "encoding": self.encoding.to_dict(), "eot_position": self.eot_position,
+                     "text_column": self.text_column, "id_column": self.id_column, "inputs": list(self.inputs),
+                     "partitions": [e.to_dict() for e in self.partitions], "totals": self.totals}
+        for key in ("job", "encoding_sha256", "partition_bytes"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.skipped_inputs:
+            out["skipped_inputs"] = list(self.skipped_inputs)
+        if self.planned_partitions is not None:
+            out["planned_partitions"] = self.planned_partitions
+        out.update(self.extra)
+        if self.backend is not None:
+            out["backend"] = self.backend
+        return out
+
+    @classmethod
+    def from_dict(cls, d) -> "Manifest":
+        """Parse and version-check; ``ManifestError`` names the first thing that is not format v1."""
+        if not isinstance(d, dict):
+            raise ManifestError(f"not a JSON object but {type(d).__name__}")
+        if d.get("format") != FORMAT:
+            raise ManifestError(f"format {d.get('format')!r}, expected {FORMAT!r}")
+        for key in FORMAT_KEYS:
+            if key not in d:
+                raise ManifestError(f"required key {key!r} is missing")
+        if not isinstance(d["partitions"], list):
+            raise ManifestError("partitions is not a list")
+        partitions = tuple(PartitionEntry.from_dict(e, where=f"partitions[{i}]") for i, e in enumerate(d["partitions"]))
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls(
+            format=d["format"], encoding=Encoding.from_dict(d["encoding"]), eot_position=d["eot_position"],
+            text_column=d["text_column"], id_column=d.get("id_column"), inputs=tuple(d["inputs"]),
+            partitions=partitions, totals=d["totals"], skipped_inputs=tuple(d.get("skipped_inputs") or ()),
+            backend=d.get("backend"), **{k: d.get(k) for k in _ABSENT_IF_NONE},
+            extra={k: v for k, v in d.items() if k not in names},
+        )
+
+    def by_index(self) -> list[PartitionEntry]:
+        """The partitions in plan order (the order readers and exporters number documents in)."""
+        return sorted(self.partitions, key=lambda e: e.index)
 
 
-def describe_conflict(old: dict, new: dict) -> str:
-    """What differs between two job identities, in a few words for a one-line refusal."""
-    changes = []
-    for key in sorted(set(old) | set(new)):
-        if key == "inputs" or old.get(key) == new.get(key):
-            continue
-        changes.append(f"{key} {old.get(key)!r} → {new.get(key)!r}")
-    old_inputs = {i["path"]: i for i in old.get("inputs", [])}
-    new_inputs = {i["path"]: i for i in new.get("inputs", [])}
-    added = len(new_inputs.keys() - old_inputs.keys())
-    removed = len(old_inputs.keys() - new_inputs.keys())
-    changed = sum(1 for k in old_inputs.keys() & new_inputs.keys() if old_inputs[k] != new_inputs[k])
-    if added or removed or changed:
-        changes.append(f"inputs ({added} added, {removed} removed, {changed} changed in size or rows)")
-    return "; ".join(changes) or "nothing visible"
-
-
-def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, url: str) -> None:
-    """Record this job in OUT, or refuse when OUT already holds a different one."""
-    path = join(root, JOB_FILE)
-    if fs.exists(path):
-        old = read_json(fs, path)
-        if old != identity:
-            raise OutputConflict(f"{url} already holds a different run ({describe_conflict(old, identity)}); "
-                                 "use another --out, or pass --overwrite to replace it")
-        return
-    if fs.exists(join(root, MANIFEST)) or fs.glob(join(root, "parts", "part-*.done.json")):
-        raise OutputConflict(f"{url} already holds output that is not this run's; use another --out, or pass --overwrite to replace it")
-    write_json(fs, path, identity)
-
-
-def remove_run(fs: fsspec.AbstractFileSystem, root: str) -> None:
-    """Everything a run writes in OUT (``--overwrite``); other files there are left alone."""
-    for name in (MANIFEST, JOB_FILE, "parts"):
-        path = join(root, name)
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
-
-
-def remove_stale_temporaries(fs: fsspec.AbstractFileSystem, root: str) -> int:
-    """Temporary files of writers that died (a killed worker); a rerun rewrites their parts."""
-    stale = fs.glob(join(root, "parts", "*.tmp"))
-    for path in stale:
-        fs.rm(path)
-    return len(stale)
-
-
-def build_manifest(*, identity: dict, files: list[InputFile], skipped: list[BadInput], entries: list[dict],
-                   extra: dict | None = None) -> dict:
-    entries = sorted(entries, key=lambda e: e["index"])
-    totals = {k: sum(int(e[k]) for e in entries) for k in TOTAL_KEYS}
-    manifest = {
-        "format": FORMAT,
-        "encoding": identity["encoding"],
-        "eot_position": identity["eot_position"],
-        "text_column": identity["text_column"],
-        "id_column": identity["id_column"],
-        "inputs": [{"path": f.url, "name": f.name, "rows": f.rows, "bytes": f.bytes} for f in files],
-        "partitions": entries,
-        "totals": totals,
-        "job": identity_hash(identity),
-        "encoding_sha256": identity["encoding_sha256"],
-        "partition_bytes": identity["partition_bytes"],
-    }
-    if skipped:
-        manifest["skipped_inputs"] = [_skipped_entry(b) for b in skipped]
-    if extra:
-        manifest.update(extra)
+def build_manifest(*, identity: dict, job: str, files: Sequence["InputFile"], skipped: Sequence["BadInput"],
+                   entries: list[PartitionEntry], extra: dict | None = None) -> Manifest:
+    """The manifest of a finished run: ``identity`` is the job identity (``tokenize.resume``),
+    ``job`` its hash."""
+    entries = sorted(entries, key=lambda e: e.index)
+    totals = {k: sum(int(getattr(e, k)) for e in entries) for k in TOTAL_KEYS}
+    extra = dict(extra or {})
+    planned = extra.pop("planned_partitions", None)
     # Which tokenizers wrote the partitions: a resumed run's earlier partitions keep theirs.
-    used = sorted({e["backend"] for e in entries if e.get("backend")})
-    if used:
-        manifest["backend"] = ", ".join(used)
-    return manifest
+    used = sorted({e.backend for e in entries if e.backend})
+    return Manifest(
+        encoding=Encoding.from_dict(identity["encoding"]), eot_position=identity["eot_position"],
+        text_column=identity["text_column"], id_column=identity["id_column"],
+        inputs=tuple({"path": f.url, "name": f.name, "rows": f.rows, "bytes": f.bytes} for f in files),
+        partitions=tuple(entries), totals=totals, job=job, encoding_sha256=identity["encoding_sha256"],
+        partition_bytes=identity["partition_bytes"], skipped_inputs=tuple(_skipped_entry(b) for b in skipped),
+        planned_partitions=planned, extra=extra, backend=", ".join(used) if used else None,
+    )
 
 
-def _skipped_entry(bad: BadInput) -> dict:
+def _skipped_entry(bad: "BadInput") -> dict:
     entry = {"path": bad.url, "reason": bad.reason}
     if bad.partition is not None:
         entry.update(partition=bad.partition, row_groups=list(bad.row_groups))
     return entry
 
 
-def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: dict) -> None:
-    write_json(fs, join(root, MANIFEST), manifest)
+def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest) -> None:
+    write_json(fs, join(root, MANIFEST), manifest.to_dict())
 
 
-def read_manifest(fs: fsspec.AbstractFileSystem, root: str) -> dict:
+def read_manifest_json(fs: fsspec.AbstractFileSystem, root: str):
+    """The manifest as JSON, unchecked: for ``verify``, which reports what is wrong rather than refusing."""
     return read_json(fs, join(root, MANIFEST))
 
 
-def open_finished(out: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str, dict]:
+def read_manifest(fs: fsspec.AbstractFileSystem, root: str) -> Manifest:
+    """Raises FileNotFoundError, ``ManifestError`` (not format v1) or ValueError (not JSON)."""
+    return Manifest.from_dict(read_manifest_json(fs, root))
+
+
+def open_finished(out: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str, Manifest]:
     """(fs, root, manifest) of a finished run; anything else is a one-line ``UserError``."""
     fs, root = filesystem(out, storage_options)
     path = join(root, MANIFEST)
@@ -201,8 +256,85 @@ def open_finished(out: str, storage_options: dict | None = None) -> tuple[fsspec
     except FileNotFoundError as e:
         raise UserError(f"{out}: no {MANIFEST}; not a finished tokenshards run (is `tokenshards tokenize` still "
                         "running, or was it interrupted? rerun the same command to finish it)") from e
+    except ManifestError as e:
+        hint = "" if str(e).startswith("format ") else f"; run `tokenshards verify {out}`"
+        raise UserError(f"{path}: {e}{hint}") from e
     except ValueError as e:
         raise UserError(f"{path}: not valid JSON ({e}); rerun `tokenshards tokenize` to rewrite it") from e
-    if manifest.get("format") != FORMAT:
-        raise UserError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
     return fs, root, manifest
+
+
+# -- the bytes of a partition's files --------------------------------------------------------------
+
+class _Piece(Protocol):
+    """What ``partition_files`` reads of a planned piece (``tokenize.plan.Piece``)."""
+
+    index: int
+    input: str
+    row_groups: tuple[int, int]
+    rows: int
+
+
+class PartFiles(NamedTuple):
+    tokens: bytes
+    """``tokens.npy``: a 1-D little-endian array."""
+    docs: bytes
+    """``docs.parquet``: id, row, start, length."""
+    entry: PartitionEntry
+
+
+def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: list[str], rows, starts, lengths, skipped_null: int,
+                    skipped_empty: int, backend: str = "") -> PartFiles:
+    """A partition's two data files and its entry, from its tokens and docs columns. Pure: the
+    caller writes them (data files first, the done record that commits them last)."""
+    tokens_bytes = npy_bytes(tokens)
+    docs = pa.table({
+        "id": pa.array(ids, pa.string()),
+        "row": pa.array(rows, pa.int64()),
+        "start": pa.array(starts, pa.int64()),
+        "length": pa.array(lengths, pa.int64()),
+    })
+    entry = PartitionEntry(
+        index=piece.index, input=piece.input, row_groups=tuple(piece.row_groups), rows=piece.rows,
+        docs=len(lengths), skipped_null=skipped_null, skipped_empty=skipped_empty, tokens=int(len(tokens)),
+        tokens_file=tokens_file(piece.index), docs_file=docs_file(piece.index),
+        sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend=backend or None,
+    )
+    return PartFiles(tokens_bytes, _parquet_bytes(docs), entry)
+
+
+def npy_bytes(tokens: np.ndarray) -> bytes:
+    """``np.save``'s bytes of the array stored little-endian, whatever the machine's order."""
+    buf = io.BytesIO()
+    np.save(buf, tokens.astype(tokens.dtype.newbyteorder("<"), copy=False), allow_pickle=False)
+    return buf.getvalue()
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+# -- the one .npy header parser --------------------------------------------------------------------
+
+class NpyHeader(NamedTuple):
+    shape: tuple
+    fortran_order: bool
+    dtype: np.dtype
+    offset: int
+    """Where the array's bytes start."""
+
+
+def read_npy_header(raw: bytes) -> NpyHeader:
+    """Parse a ``.npy`` header from the file's first bytes (``NPY_HEAD_PROBE`` are enough for
+    what np.save writes). By hand, because np.load accepts what format v1 doesn't (big-endian,
+    pickles, Fortran order) and a range reader has only the head."""
+    buf = io.BytesIO(raw)
+    try:
+        version = np.lib.format.read_magic(buf)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran_order, dtype = read(buf)
+    except (ValueError, EOFError) as e:
+        raise NpyHeaderError(str(e)) from e
+    return NpyHeader(shape=tuple(shape), fortran_order=bool(fortran_order), dtype=dtype, offset=buf.tell())

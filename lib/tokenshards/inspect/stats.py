@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..format import v1
+from ..format.v1 import Manifest, PartitionEntry
 from ..errors import UserError
 from ..cluster.progress import human
 from ..storage.store import filesystem, join, write_atomic
@@ -50,7 +51,7 @@ class PartitionStats:
 @dataclass(kw_only=True)
 class RunStats:
     out: str
-    manifest: dict
+    manifest: Manifest
     counts: np.ndarray = field(default_factory=lambda: np.zeros(len(LENGTH_EDGES), np.int64))
     docs: int = 0
     tokens: int = 0
@@ -108,7 +109,7 @@ def inspect_output(out: str, *, storage_options: dict | None = None, language_co
     fs, root, manifest = v1.open_finished(out, storage_options)
     stats = RunStats(out=out, manifest=manifest, language_column=language_column)
     inputs = _InputCache(storage_options, language_column)
-    parts = manifest["partitions"]
+    parts = manifest.partitions
     with ThreadPoolExecutor(max_workers=max(threads, 1)) as pool:
         for start in range(0, len(parts), WINDOW):
             window = parts[start:start + WINDOW]
@@ -117,8 +118,8 @@ def inspect_output(out: str, *, storage_options: dict | None = None, language_co
     return stats
 
 
-def _partition_stats(fs, root: str, part: dict, inputs: "_InputCache") -> PartitionStats:
-    path = join(root, part["docs_file"])
+def _partition_stats(fs, root: str, part: PartitionEntry, inputs: "_InputCache") -> PartitionStats:
+    path = join(root, part.docs_file)
     try:
         with fs.open(path, "rb") as f:
             table = pq.read_table(f, columns=["row", "length"])
@@ -176,16 +177,16 @@ class _InputCache:
             self._meta[url] = result
         return result
 
-    def languages(self, part: dict, rows: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    def languages(self, part: PartitionEntry, rows: np.ndarray) -> tuple[np.ndarray | None, str | None]:
         """The language of each document of ``part`` (by source row), or (None, why not)."""
-        url = part["input"]
+        url = part.input
         meta = self._metadata(url)
         if isinstance(meta, str):
             return None, meta
         offsets, has_column = meta
         if not has_column:
             return None, f"input {url} has no {self.column!r} column"
-        first, stop = part["row_groups"]
+        first, stop = part.row_groups
         try:
             fs, path = filesystem(url, self.storage_options)
             with fs.open(path, "rb") as f:
@@ -202,15 +203,15 @@ class _InputCache:
 
 def report_lines(stats: RunStats) -> list[str]:
     m = stats.manifest
-    enc, totals = m["encoding"], m["totals"]
-    itemsize = np.dtype(enc["dtype"]).itemsize
+    enc, totals = m.encoding, m.totals
+    itemsize = np.dtype(enc.dtype).itemsize
     lines = [
-        f"run         {stats.out}  ({m['format']}{', job ' + m['job'][:12] if m.get('job') else ''})",
-        f"encoding    {enc['name']}: n_vocab {enc['n_vocab']:,}, eot {enc['eot']}, stored as {enc['dtype']}; "
-        f"eot {m['eot_position']}; text column {m['text_column']!r}",
-        f"inputs      {len(m['inputs'])} files, {totals['rows']:,} rows"
-        + (f"; {len(m['skipped_inputs'])} unreadable inputs skipped" if m.get("skipped_inputs") else ""),
-        f"partitions  {len(m['partitions'])}",
+        f"run         {stats.out}  ({m.format}{', job ' + m.job[:12] if m.job else ''})",
+        f"encoding    {enc.name}: n_vocab {enc.n_vocab:,}, eot {enc.eot}, stored as {enc.dtype}; "
+        f"eot {m.eot_position}; text column {m.text_column!r}",
+        f"inputs      {len(m.inputs)} files, {totals['rows']:,} rows"
+        + (f"; {len(m.skipped_inputs)} unreadable inputs skipped" if m.skipped_inputs else ""),
+        f"partitions  {len(m.partitions)}",
         f"documents   {totals['docs']:,} (skipped {totals['skipped_null']:,} null and {totals['skipped_empty']:,} empty rows)",
         f"tokens      {totals['tokens']:,} ({human(totals['tokens'] * itemsize)}B of token files)",
     ]
@@ -227,7 +228,7 @@ def report_lines(stats: RunStats) -> list[str]:
 
 
 def _language_lines(stats: RunStats, *, top: int = 20) -> list[str]:
-    n_parts = len(stats.manifest["partitions"])
+    n_parts = len(stats.manifest.partitions)
     column = stats.language_column
     if not stats.language_partitions:
         why = "; ".join(stats.language_problems[:3]) or "no partitions"
@@ -273,7 +274,7 @@ def plot_lengths(stats: RunStats, path: str, *, storage_options: dict | None = N
     from matplotlib.ticker import FuncFormatter, NullFormatter
 
     m = stats.manifest
-    enc = m["encoding"]
+    enc = m.encoding
     median = stats.percentile(50)
     edges = _plot_edges(max(stats.min, 1), stats.max)
     present = stats.counts > 0
@@ -308,8 +309,8 @@ def plot_lengths(stats: RunStats, path: str, *, storage_options: dict | None = N
         f"tokens     {stats.tokens:,}",
         f"mean       {stats.tokens / stats.docs:,.1f}",
         f"min / max  {stats.min:,} / {stats.max:,}",
-        f"encoding   {enc['name']} ({enc['dtype']})",
-        f"eot        {m['eot_position']}",
+        f"encoding   {enc.name} ({enc.dtype})",
+        f"eot        {m.eot_position}",
     ])
     ax.text(0.985, 0.97, box, transform=ax.transAxes, ha="right", va="top", multialignment="left", family="monospace",
             fontsize=9,

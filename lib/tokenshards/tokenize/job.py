@@ -13,6 +13,7 @@ from distributed import Client, performance_report
 
 from ..cluster import interrupt, runner
 from ..format import v1 as manifest
+from ..format.v1 import PartitionEntry
 from .config import TokenizeConfig
 from ..encoding.backends import backend_version, choose_backend
 from ..encoding.encoders import EncoderPlugin, load_encoding
@@ -20,6 +21,7 @@ from ..errors import UserError
 from . import corpus
 from .task import FRAME_META, PIECE_META, RESULT_META, TaskResult, TaskSettings, piece_frame, read_piece, write_frame
 from .plan import BadInput, Piece
+from . import resume
 from ..cluster.progress import Progress, human
 from ..storage.store import abort_stale_uploads, ensure_writable, filesystem, join, storage_options
 
@@ -58,7 +60,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     ensure_writable(out_fs, out_root, config.out)  # a missing bucket or dead endpoint fails here, in one line
     if config.overwrite and out_fs.exists(out_root):
         announce(f"--overwrite: removing the earlier run in {config.out}")
-        manifest.remove_run(out_fs, out_root)
+        resume.remove_run(out_fs, out_root)
     report = _performance_report(config.report)
     # Checked before a cluster starts; its notes wait so that the dashboard link comes first.
     encoding_notes: list[str] = []
@@ -75,15 +77,15 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
                            storage_options=config.storage_options, partition_bytes=config.partition_bytes,
                            on_bad_file=config.on_bad_file, announce=announce)
         files, pieces, unreadable = plan.files, plan.pieces, list(plan.unreadable)
-        identity = manifest.job_identity(
+        identity = resume.job_identity(
             encoding=spec.as_dict(), encoding_fingerprint=loaded.fingerprint, eot_position=config.eot_position,
             text_column=config.text_column, id_column=config.id_column, partition_bytes=plan.partition_bytes,
             inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes} for f in files],
         )
-        job = manifest.identity_hash(identity)
-        manifest.claim_output(out_fs, out_root, identity, url=config.out)
+        job = resume.identity_hash(identity)
+        resume.claim_output(out_fs, out_root, identity, url=config.out)
         _clear_leftovers(out_fs, out_root)
-        committed = manifest.committed_entries(out_fs, out_root, job=job, pieces=pieces)
+        committed = resume.committed_entries(out_fs, out_root, job=job, pieces=pieces)
         pending = [p for p in pieces if p.index not in committed]
         announce(f"{len(plan.sources)} input files, {sum(f.rows for f in files):,} rows, "
                  f"{human(plan.text_bytes)}B of text in {len(pieces)} partitions"
@@ -102,13 +104,13 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
     # A worker killed mid-write during this run left one too; every partition is committed now.
     _clear_leftovers(out_fs, out_root)
-    result = manifest.build_manifest(identity=identity, files=files, skipped=unreadable, entries=list(entries.values()),
+    result = manifest.build_manifest(identity=identity, job=job, files=files, skipped=unreadable, entries=list(entries.values()),
                                      extra={"planned_partitions": len(pieces),
                                             **({"hub": plan.listing.record()} if plan.listing is not None else {})})
     manifest.write_manifest(out_fs, out_root, result)
     if config.report:
         announce(f"performance report: {config.report}")
-    totals = result["totals"]
+    totals = result.totals
     return Summary(out=config.out, partitions=len(pieces), skipped_partitions=len(committed), docs=totals["docs"],
                    tokens=totals["tokens"], skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
                    seconds=time.perf_counter() - t0, tokenize_seconds=max(finished - started, 0.0))
@@ -117,7 +119,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
 def _clear_leftovers(fs, root: str) -> None:
     """What killed writers leave: local ``*.tmp`` files, unfinished S3 multipart uploads. Only
     when no writer of this job is active (before its tasks start, after they all finished)."""
-    manifest.remove_stale_temporaries(fs, root)
+    resume.remove_stale_temporaries(fs, root)
     abort_stale_uploads(fs, join(root, "parts"))
 
 
@@ -151,7 +153,7 @@ def partition_tasks(pending: list[Piece], settings: TaskSettings) -> dd.DataFram
 
 
 def _tokenize_pending(client: Client, pending: list[Piece], settings: TaskSettings, config: TokenizeConfig,
-                      entries: dict[int, dict], unreadable: list[BadInput], *, already_done: int,
+                      entries: dict[int, PartitionEntry], unreadable: list[BadInput], *, already_done: int,
                       announce: Callable[[str], None]) -> tuple[float, float]:
     """Tokenize every pending piece; fill ``entries`` (and ``unreadable`` under --on-bad-file skip);
     return (first start, last end) times of the tasks."""

@@ -7,8 +7,6 @@ fuses them into one task per planned piece (the job pins that, see ``job.py``).
 """
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import time
 from dataclasses import dataclass
@@ -18,12 +16,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..format import v1 as manifest
+from ..format import v1
+from ..format.v1 import PartitionEntry
 from ..encoding.encoders import WorkerEncoder
 from ..errors import InputError
 from .plan import STRING_TYPES, Piece
 from ..storage.store import filesystem, join, write_atomic
 from .core import tokenize_texts
+from .resume import done_record
 
 FRAME_META = pd.DataFrame({
     "row": pd.Series([], dtype="int64"),
@@ -56,14 +56,14 @@ class TaskResult:
     """What one partition's task reports: its manifest entry, or why it was skipped as unreadable."""
 
     piece: Piece
-    entry: dict | None
+    entry: PartitionEntry | None
     unreadable: str | None = None
     started: float
     finished: float
 
     @property
     def tokens(self) -> int:
-        return self.entry["tokens"] if self.entry else 0
+        return self.entry.tokens if self.entry else 0
 
     def as_frame(self) -> pd.DataFrame:
         """The one-row frame ``map_partitions`` must return."""
@@ -153,33 +153,12 @@ def write_partition(frame: pd.DataFrame, piece: Piece, *, settings: TaskSettings
     ids = pa.array(frame["id"]).take(pa.array(batch.kept)).to_pylist()
     ids = [i if i is not None else f"{piece.name}:{r}" for i, r in zip(ids, rows.tolist())]
 
-    tokens_bytes = _npy_bytes(batch.tokens)
-    docs = pa.table({
-        "id": pa.array(ids, pa.string()),
-        "row": pa.array(rows, pa.int64()),
-        "start": pa.array(batch.starts, pa.int64()),
-        "length": pa.array(batch.lengths, pa.int64()),
-    })
+    files = v1.partition_files(piece, batch.tokens, ids=ids, rows=rows, starts=batch.starts, lengths=batch.lengths,
+                               skipped_null=batch.skipped_null, skipped_empty=batch.skipped_empty,
+                               backend=settings.backend)
     fs, root = filesystem(settings.out, settings.storage_options)
-    write_atomic(fs, join(root, manifest.tokens_file(piece.index)), tokens_bytes)
-    write_atomic(fs, join(root, manifest.docs_file(piece.index)), _parquet_bytes(docs))
-    entry = manifest.partition_entry(
-        piece, docs=len(batch.lengths), skipped_null=batch.skipped_null, skipped_empty=batch.skipped_empty,
-        tokens=int(len(batch.tokens)), sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend=settings.backend,
-    )
+    write_atomic(fs, join(root, files.entry.tokens_file), files.tokens)
+    write_atomic(fs, join(root, files.entry.docs_file), files.docs)
     # The done record goes last: its presence is what commits the partition.
-    write_atomic(fs, join(root, manifest.done_file(piece.index)),
-                 json.dumps(manifest.done_record(entry, settings.job)).encode())
-    return TaskResult(piece=piece, entry=entry, started=started, finished=time.time())
-
-
-def _npy_bytes(tokens: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, tokens.astype(tokens.dtype.newbyteorder("<"), copy=False), allow_pickle=False)
-    return buf.getvalue()
-
-
-def _parquet_bytes(table: pa.Table) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(table, buf)
-    return buf.getvalue()
+    write_atomic(fs, join(root, v1.done_file(piece.index)), json.dumps(done_record(files.entry, settings.job)).encode())
+    return TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time())

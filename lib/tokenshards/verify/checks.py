@@ -1,0 +1,310 @@
+"""Verify's pure checks: already-read data in (the manifest, one partition's files, a listing of
+``parts/``), a list of problem strings out. No I/O here: ``job`` reads, on the client and on workers.
+
+``check_manifest`` looks at the raw JSON (a damaged manifest is reported, not refused); once it
+passes, everything else reads the typed ``v1.Manifest`` and ``v1.PartitionEntry``.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from bisect import bisect_right
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from ..encoding.encoders import token_dtype
+from ..format import v1
+from ..format.v1 import ENCODING_KEYS, ENTRY_KEYS, REQUIRED_KEYS, DOCS_COLUMNS, Manifest, PartitionEntry
+from ..tokenize.config import EOT_POSITIONS
+
+TEMPORARY_SUFFIX = ".tmp"
+"""store.write_atomic's in-flight names (``<path>.<uuid>.tmp``): left by a killed writer, harmless."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expected:
+    """What every partition must agree with, taken from the manifest; small, rides in each task."""
+
+    dtype: str
+    n_vocab: int
+    eot: int
+    eot_position: str
+    job: str
+    text_column: str
+    encoder_plugin: str | None = None
+    """Set when --deep compares documents: the worker plugin holding the encoding."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokensFile:
+    """What a tokens file holds, read once: its hash, its .npy header and (when sane) its values."""
+
+    sha256: str
+    header_problem: str | None
+    dtype: str | None
+    """The header's descr, e.g. ``<u2``."""
+    fortran_order: bool
+    shape: tuple
+    data_bytes: int
+    """Bytes after the header."""
+    values: np.ndarray | None
+
+
+# -- pure checks ---------------------------------------------------------------------------------
+
+def check_manifest(manifest: dict) -> list[str]:
+    """Problems with the manifest's own shape; partitions are checked only once this is empty."""
+    if not isinstance(manifest, dict):
+        return [f"manifest.json: not a JSON object but {type(manifest).__name__}"]
+    if manifest.get("format") != v1.FORMAT:
+        return [f"manifest.json: format is {manifest.get('format')!r}, expected {v1.FORMAT!r}"]
+    problems = [f"manifest.json: required key {k!r} is missing" for k in REQUIRED_KEYS if k not in manifest]
+    if problems:
+        return problems
+    enc = manifest["encoding"]
+    if not isinstance(enc, dict) or any(k not in enc for k in ENCODING_KEYS):
+        return [f"manifest.json: encoding {enc!r} lacks one of {', '.join(ENCODING_KEYS)}"]
+    if enc["dtype"] != token_dtype(enc["n_vocab"]):
+        problems.append(f"manifest.json: encoding dtype {enc['dtype']!r} does not fit n_vocab {enc['n_vocab']}, "
+                        f"expected {token_dtype(enc['n_vocab'])!r}")
+    if not 0 <= enc["eot"] < enc["n_vocab"]:
+        problems.append(f"manifest.json: eot {enc['eot']} is not a token id of a {enc['n_vocab']}-token vocabulary")
+    if manifest["eot_position"] not in EOT_POSITIONS:
+        problems.append(f"manifest.json: eot_position {manifest['eot_position']!r}, expected one of {EOT_POSITIONS}")
+    if not isinstance(manifest["partitions"], list):
+        return problems + ["manifest.json: partitions is not a list"]
+    for i, entry in enumerate(manifest["partitions"]):
+        missing = [k for k in ENTRY_KEYS if not isinstance(entry, dict) or k not in entry]
+        if missing:
+            problems.append(f"manifest.json: partitions[{i}] lacks {', '.join(missing)}")
+            continue
+        not_counts = [k for k in ("index", *v1.TOTAL_KEYS) if not _is_count(entry[k])]
+        if not_counts:
+            problems.append(f"manifest.json: partitions[{i}] has {', '.join(not_counts)} that are not counts")
+    if not isinstance(manifest["totals"], dict):
+        problems.append("manifest.json: totals is not an object")
+    return problems
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_entries(manifest: Manifest) -> list[str]:
+    """Cross-partition bookkeeping: indices 0..n-1 once each, counts that add up, known inputs,
+    relative paths. Needs a manifest that passed ``check_manifest``."""
+    entries = manifest.partitions
+    problems: list[str] = []
+    indices = [e.index for e in entries]
+    seen: set = set()
+    for index in indices:
+        if index in seen:
+            problems.append(f"partition {index}: listed more than once in manifest.json")
+        seen.add(index)
+    # Partitions skipped as unreadable (--on-bad-file skip) are listed in skipped_inputs instead.
+    skipped = {s["partition"] for s in manifest.skipped_inputs if isinstance(s, dict) and "partition" in s}
+    planned = manifest.planned_partitions if manifest.planned_partitions is not None else len(seen | skipped)
+    missing = sorted(set(range(planned)) - seen - skipped)
+    if missing:
+        problems.append(f"manifest.json: partition indices {_ranges(missing)} are missing "
+                        f"(expected 0..{planned - 1}, each once, less those in skipped_inputs)")
+    known_inputs = {i.get("path") for i in manifest.inputs if isinstance(i, dict)}
+    for e in entries:
+        where = f"partition {e.index}"
+        if e.rows != e.docs + e.skipped_null + e.skipped_empty:
+            problems.append(f"{where}: rows {e.rows} != docs {e.docs} + skipped_null {e.skipped_null} "
+                            f"+ skipped_empty {e.skipped_empty}")
+        if e.input not in known_inputs:
+            problems.append(f"{where}: input {e.input!r} is not among the manifest's inputs")
+        for key in ("tokens_file", "docs_file"):
+            path = getattr(e, key)
+            if not isinstance(path, str) or path.startswith("/") or "://" in path or ".." in path.split("/"):
+                problems.append(f"{where}: {key} {path!r} is not a path relative to OUT")
+    totals = manifest.totals
+    for key in v1.TOTAL_KEYS:
+        total = sum(int(getattr(e, key)) for e in entries)
+        if totals.get(key) != total:
+            problems.append(f"manifest.json: totals.{key} is {totals.get(key)}, the partitions sum to {total}")
+    return problems
+
+
+def check_listing(manifest: Manifest, names: list[str]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) for files under ``parts/`` (paths relative to OUT) that the manifest
+    doesn't list. A reader ignores them, but they mean a different or unfinished run wrote here."""
+    listed = set()
+    for e in manifest.partitions:
+        listed.update((e.tokens_file, e.docs_file, v1.done_file(e.index)))
+    problems, warnings = [], []
+    for name in sorted(set(names) - listed):
+        if name.endswith(TEMPORARY_SUFFIX):
+            warnings.append(f"{name}: temporary file left by an interrupted write; safe to delete")
+        else:
+            problems.append(f"{name}: in parts/ but not listed in manifest.json (left by another run?)")
+    return problems, warnings
+
+
+def check_tokens(entry: PartitionEntry, tokens: TokensFile, *, expected: Expected) -> list[str]:
+    """The tokens file is the one the manifest names: same bytes, and a 1-D little-endian array
+    of the manifest's dtype with ``tokens`` ids, every id inside the vocabulary."""
+    where = f"partition {entry.index}: {entry.tokens_file}"
+    problems = []
+    if tokens.sha256 != entry.sha256:
+        problems.append(f"{where}: sha256 {tokens.sha256[:12]}… != manifest's {str(entry.sha256)[:12]}… "
+                        "(the file changed after the run)")
+    if tokens.header_problem:
+        return problems + [f"{where}: {tokens.header_problem}"]
+    want = np.dtype(expected.dtype).newbyteorder("<").str
+    if tokens.dtype != want:
+        problems.append(f"{where}: dtype {tokens.dtype}, expected {want} (little-endian {expected.dtype})")
+    if len(tokens.shape) != 1 or tokens.fortran_order:
+        problems.append(f"{where}: shape {tokens.shape}, expected a 1-D array")
+    elif tokens.shape[0] != entry.tokens:
+        problems.append(f"{where}: {tokens.shape[0]} tokens, manifest says {entry.tokens}")
+    itemsize = np.dtype(tokens.dtype).itemsize if tokens.dtype else 0
+    expected_bytes = int(np.prod(tokens.shape)) * itemsize
+    if tokens.data_bytes != expected_bytes:
+        problems.append(f"{where}: {tokens.data_bytes} bytes of data, its header promises {expected_bytes} "
+                        "(truncated or padded)")
+    if tokens.values is not None and tokens.values.size and int(tokens.values.max()) >= expected.n_vocab:
+        problems.append(f"{where}: token id {int(tokens.values.max())} is outside the vocabulary "
+                        f"(n_vocab {expected.n_vocab})")
+    return problems
+
+
+def check_docs(entry: PartitionEntry, docs: pa.Table, *, n_tokens: int | None) -> list[str]:
+    """The docs table indexes the tokens exactly: contiguous, covering the array, one row per
+    document, source rows strictly increasing and within the partition's row count."""
+    where = f"partition {entry.index}: {entry.docs_file}"
+    missing = [c for c in DOCS_COLUMNS if c not in docs.column_names]
+    if missing:
+        return [f"{where}: lacks column(s) {', '.join(missing)} (has {', '.join(docs.column_names)})"]
+    problems = []
+    for c in ("row", "start", "length"):
+        if not pa.types.is_integer(docs.schema.field(c).type):
+            problems.append(f"{where}: column {c!r} holds {docs.schema.field(c).type}, expected int64")
+    if not (pa.types.is_string(docs.schema.field("id").type) or pa.types.is_large_string(docs.schema.field("id").type)):
+        problems.append(f"{where}: column 'id' holds {docs.schema.field('id').type}, expected strings")
+    if problems:
+        return problems
+    if docs.num_rows != entry.docs:
+        problems.append(f"{where}: {docs.num_rows} documents, manifest says docs={entry.docs}")
+    rows, starts, lengths = (docs.column(c).to_numpy().astype(np.int64) for c in ("row", "start", "length"))
+    problems += check_layout(starts, lengths, n_tokens=n_tokens, where=where)
+    if rows.size:
+        steps = np.flatnonzero(np.diff(rows) <= 0)
+        if steps.size:
+            i = int(steps[0])
+            problems.append(f"{where}: rows are not strictly increasing (document {i + 1} has row {rows[i + 1]} "
+                            f"after row {rows[i]})")
+        if rows.min() < 0 or rows.max() - rows.min() >= entry.rows:
+            problems.append(f"{where}: rows {rows.min()}..{rows.max()} do not fit the partition's {entry.rows} rows")
+    return problems
+
+
+def check_layout(starts: np.ndarray, lengths: np.ndarray, *, n_tokens: int | None, where: str) -> list[str]:
+    """``start[0] == 0``, ``start[i+1] == start[i] + length[i]``, ``sum(length) == len(tokens)``."""
+    problems = []
+    if starts.size and starts[0] != 0:
+        problems.append(f"{where}: first document starts at {starts[0]}, expected 0")
+    gaps = np.flatnonzero(starts[1:] != starts[:-1] + lengths[:-1])
+    if gaps.size:
+        i = int(gaps[0]) + 1
+        problems.append(f"{where}: document {i} starts at {starts[i]}, expected {starts[i - 1] + lengths[i - 1]} "
+                        f"({gaps.size} gap(s) or overlap(s))")
+    if (lengths < 1).any():
+        problems.append(f"{where}: {int((lengths < 1).sum())} document(s) with no tokens")
+    if n_tokens is not None and int(lengths.sum()) != n_tokens:
+        problems.append(f"{where}: documents cover {int(lengths.sum())} tokens, the array holds {n_tokens}")
+    return problems
+
+
+def check_separators(entry: PartitionEntry, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *,
+                     expected: Expected) -> list[str]:
+    """Each document's eot sits where the manifest says: a cheap check that catches shifted
+    boundaries even when a rewritten sha256 hides the change."""
+    if expected.eot_position == "none" or not starts.size:
+        return []
+    at = starts if expected.eot_position == "prefix" else starts + lengths - 1
+    wrong = np.flatnonzero(values[at] != expected.eot)
+    if not wrong.size:
+        return []
+    i = int(wrong[0])
+    return [f"partition {entry.index}: {entry.tokens_file}: document {i} has {values[at[i]]} at token {at[i]} "
+            f"where its eot ({expected.eot}, {expected.eot_position}) belongs ({wrong.size} document(s) like this)"]
+
+
+def check_done(entry: PartitionEntry, record: dict, *, job: str) -> list[str]:
+    """The done record is the partition's commit: it must say what the manifest says."""
+    where = f"partition {entry.index}: {v1.done_file(entry.index)}"
+    entry = entry.to_dict()  # compared key by key, keys this version does not know included
+    problems = []
+    if record.get("job") != job:
+        problems.append(f"{where}: written by job {str(record.get('job'))[:12]}…, the manifest's is {job[:12]}…")
+    body = {k: v for k, v in record.items() if k != "job"}
+    differ = sorted(k for k in set(body) | set(entry) if body.get(k) != entry.get(k))
+    if differ:
+        shown = "; ".join(f"{k}: {body.get(k)!r} vs manifest {entry.get(k)!r}" for k in differ[:3])
+        problems.append(f"{where}: disagrees with manifest.json ({shown})")
+    return problems
+
+
+def expected_document(body: list[int], *, eot: int, eot_position: str) -> list[int]:
+    if eot_position == "prefix":
+        return [eot] + body
+    if eot_position == "suffix":
+        return body + [eot]
+    return body
+
+
+def compare_document(stored: list[int], expected: list[int]) -> str | None:
+    """None when equal, else where they first differ."""
+    if stored == expected:
+        return None
+    i = next((i for i, (a, b) in enumerate(zip(stored, expected)) if a != b), min(len(stored), len(expected)))
+    got = stored[i] if i < len(stored) else "end"
+    want = expected[i] if i < len(expected) else "end"
+    return (f"{len(stored)} tokens stored, tiktoken gives {len(expected)}; first difference at token {i} "
+            f"(stored {got}, expected {want})")
+
+
+def choose_sample(doc_counts: list[tuple[int, int]], *, n: int, seed: int) -> dict[int, list[int]]:
+    """{partition index: [document positions]}: ``n`` documents drawn uniformly (seeded) from
+    all partitions, so the same seed re-checks the same documents."""
+    total = sum(count for _, count in doc_counts)
+    picks = sorted(random.Random(seed).sample(range(total), min(n, total)))
+    bounds = np.cumsum([0] + [count for _, count in doc_counts])
+    chosen: dict[int, list[int]] = {}
+    for pick in picks:
+        k = bisect_right(bounds, pick) - 1
+        chosen.setdefault(doc_counts[k][0], []).append(pick - int(bounds[k]))
+    return chosen
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7] → '1..3, 7' (a long list of missing indices stays one readable line)."""
+    spans, first = [], None
+    for a, b in zip(numbers, numbers[1:] + [None]):
+        first = a if first is None else first
+        if b != a + 1:
+            spans.append(str(first) if first == a else f"{first}..{a}")
+            first = None
+    return ", ".join(spans[:10]) + (f", … ({len(numbers)} in all)" if len(spans) > 10 else "")
+
+
+def parse_tokens_file(raw: bytes) -> TokensFile:
+    """Hash a whole tokens file and read it through format v1's header parser; values only when
+    the header describes exactly the bytes that follow."""
+    sha = hashlib.sha256(raw).hexdigest()
+    try:
+        shape, fortran_order, dtype, offset = v1.read_npy_header(raw)
+    except v1.NpyHeaderError as e:
+        return TokensFile(sha256=sha, header_problem=f"not a .npy file ({e})", dtype=None, fortran_order=False,
+                          shape=(), data_bytes=0, values=None)
+    data_bytes = len(raw) - offset
+    values = None
+    if dtype.kind == "u" and len(shape) == 1 and data_bytes == shape[0] * dtype.itemsize:
+        values = np.frombuffer(raw, dtype=dtype, offset=offset)
+    return TokensFile(sha256=sha, header_problem=None, dtype=dtype.str, fortran_order=fortran_order,
+                      shape=tuple(shape), data_bytes=data_bytes, values=values)
