@@ -135,3 +135,24 @@ def test_npy_header_parser_refuses_what_is_not_npy():
     with pytest.raises(v1.NpyHeaderError):
         v1.read_npy_header(b"\x93NUMPY\x01\x00")  # cut inside the header
     assert issubclass(v1.NpyHeaderError, ValueError)
+
+
+def test_done_record_reads_back_as_the_entry_it_commits(tmp_path):
+    """resume writes a done record from the entry and reads committed entries back typed, equal."""
+    from tokenshards.errors import OutputConflict
+    from tokenshards.storage.store import filesystem
+    from tokenshards.tokenize import resume
+
+    tokens = np.array([50256, 1, 2], dtype=np.uint16)
+    entry = v1.partition_files(_Piece(), tokens, ids=["a"], rows=[0], starts=[0], lengths=[3], skipped_null=5,
+                               skipped_empty=0, backend="tiktoken 0.12.0").entry
+    (tmp_path / "parts").mkdir()
+    done = tmp_path / v1.done_file(entry.index)
+    done.write_text(json.dumps(resume.done_record(entry, "job-1")))
+    assert list(json.loads(done.read_text())) == list(v1.ENTRY_KEYS) + ["backend", "job"]
+    fs, root = filesystem(str(tmp_path))
+    assert resume.committed_entries(fs, root, job="job-1", pieces=[_Piece()]) == {7: entry}
+    with pytest.raises(OutputConflict, match=r"does not match this run's partition plan"):
+        resume.committed_entries(fs, root, job="job-1", pieces=[_Piece(row_groups=(3, 4))])
+    with pytest.raises(OutputConflict, match=r"written by a different run"):
+        resume.committed_entries(fs, root, job="job-2", pieces=[_Piece()])

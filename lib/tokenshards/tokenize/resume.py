@@ -61,13 +61,13 @@ def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str,
                 f"{path} was written by a different run (other inputs or options); "
                 "use another --out, or pass --overwrite to replace it"
             )
-        piece = by_index.get(record["index"])
-        if piece is None or record["input"] != piece.input or record["row_groups"] != list(piece.row_groups):
-            raise OutputConflict(f"{path} does not match this run's partition plan; pass --overwrite to replace it")
         try:
             entry = PartitionEntry.from_dict({k: v for k, v in record.items() if k != "job"})
         except v1.ManifestError as e:
             raise OutputConflict(f"{path}: {e}; pass --overwrite to replace it") from e
+        piece = by_index.get(entry.index)
+        if piece is None or entry.input != piece.input or entry.row_groups != tuple(piece.row_groups):
+            raise OutputConflict(f"{path} does not match this run's partition plan; pass --overwrite to replace it")
         found[entry.index] = entry
     return found
 
