@@ -32,6 +32,13 @@ def _storage_options(pairs) -> dict:
     return with_env_endpoint(options, os.environ)
 
 
+def _add_input_argument(p, what: str) -> None:
+    """``--input a.parquet b.parquet`` (what an unquoted glob becomes in the shell) and repeated
+    ``--input`` both add to one list."""
+    p.add_argument("--input", nargs="+", action="extend", default=[], metavar="PATH_OR_GLOB",
+                   help=f"{what}; several after one --input (an unquoted glob the shell expanded), or repeat --input")
+
+
 def _add_cluster_arguments(p) -> None:
     """Where a job runs: the same four options for every command that starts Dask work."""
     p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
@@ -66,8 +73,7 @@ def _print_lines(result) -> int:
 
 def _add_tokenize(sub) -> None:
     p = sub.add_parser("tokenize", help="tokenize parquet text into format v1 token arrays")
-    p.add_argument("--input", action="append", default=[], metavar="PATH_OR_GLOB",
-                   help="parquet file, folder, glob or URL (s3://, hf://); repeatable")
+    _add_input_argument(p, "parquet file, folder, glob or URL (s3://, hf://)")
     p.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
     _add_cluster_arguments(p)
     p.add_argument("--encoding", default="gpt2", help="tiktoken encoding name (default: gpt2)")
@@ -173,8 +179,7 @@ def _byte_count(text: str) -> int:
 
 def _add_train_bpe(sub) -> None:
     p = sub.add_parser("train-bpe", help="train a byte-level BPE vocabulary on parquet text (.tiktoken + .json)")
-    p.add_argument("--input", action="append", default=[], metavar="PATH_OR_GLOB",
-                   help="parquet file, folder, glob or URL (s3://); repeatable")
+    _add_input_argument(p, "parquet file, folder, glob or URL (s3://)")
     _add_hub_arguments(p)
     p.add_argument("--download-dir", metavar="DIR", help="with --dataset: download into DIR/sample/...")
     p.add_argument("--fetch", default="client", choices=["client", "workers"],
