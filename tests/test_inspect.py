@@ -53,7 +53,7 @@ def test_inspect_prints_the_manifest_totals_and_exact_numbers(run, gpt2, tmp_pat
     assert len(manifest["partitions"]) > 2  # the numbers below are summed over several partitions
     assert f"documents   {totals['docs']:,} (skipped {totals['skipped_null']} null and {totals['skipped_empty']} empty rows)" in text
     assert f"tokens      {totals['tokens']:,} (" in text
-    assert f"inputs      1 files, {totals['rows']:,} rows" in text
+    assert f"inputs      1 file, {totals['rows']:,} rows" in text
     assert f"partitions  {len(manifest['partitions'])}\n" in text
     assert "encoding    gpt2: n_vocab 50,257, eot 50256, stored as uint16; eot prefix; text column 'text'" in text
 

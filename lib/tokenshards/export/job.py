@@ -21,6 +21,7 @@ from ..cluster.options import RunOptions
 from ..errors import UserError
 from ..cluster.progress import Progress, human
 from ..format.reader import open_manifest
+from ..wording import counted
 from ..storage.store import check_bucket, display_url, filesystem, is_local, is_s3, join, write_json
 from . import formats, valsplit
 from .layout import Chunk, Streams, chunk_file
@@ -229,7 +230,7 @@ def _write_files(client: Client, files, streams: Streams, parts: list[PartInfo],
         chunks.extend(pieces)
         remaining[f.name], etags[f.name] = len(pieces), {}
     total_bytes = sum(f.nbytes for f in files)
-    announce(f"writing {len(files)} files, {human(total_bytes)}B in {len(chunks)} chunks to {config.to}")
+    announce(f"writing {counted(len(files), 'file')}, {human(total_bytes)}B in {counted(len(chunks), 'chunk')} to {config.to}")
     try:
         for f in files:
             targets[f.name] = open_target(dest_fs, join(dest_root, f.name), f.nbytes)
@@ -248,4 +249,4 @@ def _write_files(client: Client, files, streams: Streams, parts: list[PartInfo],
         for target in targets.values():
             abort_target(dest_fs, target)
         raise
-    announce(f"wrote {len(files)} files to {display_url(dest_fs, dest_root)}")
+    announce(f"wrote {counted(len(files), 'file')} to {display_url(dest_fs, dest_root)}")

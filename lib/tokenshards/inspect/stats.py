@@ -24,6 +24,7 @@ from ..format import v1
 from ..format.v1 import Manifest, PartitionEntry
 from ..errors import UserError
 from ..cluster.progress import human
+from ..wording import counted
 from ..storage.store import filesystem, join, write_atomic
 
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
@@ -209,8 +210,8 @@ def report_lines(stats: RunStats) -> list[str]:
         f"run         {stats.out}  ({m.format}{', job ' + m.job[:12] if m.job else ''})",
         f"encoding    {enc.name}: n_vocab {enc.n_vocab:,}, eot {enc.eot}, stored as {enc.dtype}; "
         f"eot {m.eot_position}; text column {m.text_column!r}",
-        f"inputs      {len(m.inputs)} files, {totals['rows']:,} rows"
-        + (f"; {len(m.skipped_inputs)} unreadable inputs skipped" if m.skipped_inputs else ""),
+        f"inputs      {counted(len(m.inputs), 'file')}, {totals['rows']:,} rows"
+        + (f"; {counted(len(m.skipped_inputs), 'unreadable input')} skipped" if m.skipped_inputs else ""),
         f"partitions  {len(m.partitions)}",
         f"documents   {totals['docs']:,} (skipped {totals['skipped_null']:,} null and {totals['skipped_empty']:,} empty rows)",
         f"tokens      {totals['tokens']:,} ({human(totals['tokens'] * itemsize)}B of token files)",
@@ -237,13 +238,13 @@ def _language_lines(stats: RunStats, *, top: int = 20) -> list[str]:
         f", covering {stats.language_partitions} of {n_parts} partitions"
     rows = stats.language_rows()
     total = sum(r[1] for r in rows) or 1
-    lines = [f"per language (the inputs' {column!r} column{coverage}; {len(rows)} languages)"]
+    lines = [f"per language (the inputs' {column!r} column{coverage}; {counted(len(rows), 'language')})"]
     width = max(len(r[0]) for r in rows[:top])
     for lang, tokens, docs in rows[:top]:
         lines.append(f"            {lang:<{width}}  {tokens:>15,} tokens  {100 * tokens / total:5.1f}%  {docs:>12,} docs")
     if len(rows) > top:
         rest = rows[top:]
-        lines.append(f"            {len(rest)} more languages: {sum(r[1] for r in rest):,} tokens, {sum(r[2] for r in rest):,} docs")
+        lines.append(f"            {counted(len(rest), 'more language')}: {sum(r[1] for r in rest):,} tokens, {sum(r[2] for r in rest):,} docs")
     for problem in stats.language_problems[:5]:
         lines.append(f"            note: {problem}")
     return lines

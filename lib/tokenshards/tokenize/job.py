@@ -23,6 +23,7 @@ from .task import FRAME_META, PIECE_META, RESULT_META, TaskResult, TaskSettings,
 from .plan import BadInput, Piece
 from . import resume
 from ..cluster.progress import Progress, human
+from ..wording import counted
 from ..storage.store import abort_stale_uploads, ensure_writable, filesystem, join, storage_options
 
 
@@ -44,7 +45,7 @@ class Summary:
         return [
             f"done: {self.docs:,} documents, {self.tokens:,} tokens, skipped {self.skipped_null:,} null "
             f"and {self.skipped_empty:,} empty rows",
-            f"      {self.partitions} partitions ({self.skipped_partitions} already committed), {self.seconds:.1f} s, "
+            f"      {counted(self.partitions, 'partition')} ({self.skipped_partitions} already committed), {self.seconds:.1f} s, "
             f"{human(rate)} tokens/s overall, tokenizing phase {self.tokenize_seconds:.1f} s",
             f"      output: {self.out}",
         ]
@@ -87,8 +88,8 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
         _clear_leftovers(out_fs, out_root)
         committed = resume.committed_entries(out_fs, out_root, job=job, pieces=pieces)
         pending = [p for p in pieces if p.index not in committed]
-        announce(f"{len(plan.sources)} input files, {sum(f.rows for f in files):,} rows, "
-                 f"{human(plan.text_bytes)}B of text in {len(pieces)} partitions"
+        announce(f"{counted(len(plan.sources), 'input file')}, {sum(f.rows for f in files):,} rows, "
+                 f"{human(plan.text_bytes)}B of text in {counted(len(pieces), 'partition')}"
                  + (f"; {len(committed)} already committed, skipping them" if committed else ""))
 
         plugin = EncoderPlugin(loaded, backend=backend)

@@ -27,6 +27,7 @@ from ..format.v1 import Manifest, PartitionEntry
 from ..cluster.options import RunOptions
 from ..encoding.encoders import EncoderPlugin, load_encoding, plugin_name, worker_encoding
 from ..errors import UserError
+from ..wording import counted
 from ..storage.store import filesystem, is_local, join, read_json, storage_options
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
@@ -70,7 +71,7 @@ class VerifyReport:
         verdict = "OK" if self.ok else f"{len(self.problems)} problem{'s' if len(self.problems) != 1 else ''}"
         if self.partitions is None:
             return f"{self.out}: manifest.json unusable, nothing else checked: {verdict}"
-        return f"{self.partitions:,} partitions, {self.docs:,} documents, {self.tokens:,} tokens{deep}: {verdict}"
+        return f"{counted(self.partitions, 'partition')}, {self.docs:,} documents, {self.tokens:,} tokens{deep}: {verdict}"
 
     def lines(self) -> list[str]:
         return ([f"warning: {w}" for w in self.warnings] + [f"problem: {p}" for p in self.problems]
@@ -237,7 +238,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
         if loaded is not None:
             client.register_plugin(EncoderPlugin(loaded))
             expected = dataclasses.replace(expected, encoder_plugin=plugin_name(loaded))
-        announce(f"verifying {len(entries)} partitions of {config.out}"
+        announce(f"verifying {counted(len(entries), 'partition')} of {config.out}"
                  + (f", re-tokenizing {sum(map(len, sample.values()))} documents" if sample else ""))
         partition_problems, compared = _verify_partitions(client, entries, sample, config=config, expected=expected)
     return _report(config, manifest=manifest, problems=problems + partition_problems, warnings=warnings,

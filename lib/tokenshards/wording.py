@@ -1,0 +1,7 @@
+"""Small helpers for the sentences the commands print."""
+from __future__ import annotations
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 file``, ``2 files``, ``1,024 partitions``: a count with its noun in the right number."""
+    return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
