@@ -60,7 +60,7 @@ def _run_options(args) -> dict:
 def _corpus_options(args) -> dict:
     """The corpus, how it is cut and how progress shows, as tokenize and train-bpe both take them."""
     return {"inputs": tuple(args.input), "text_column": args.text_column,
-            "partition_bytes": int(args.partition_mb * 1e6) if args.partition_mb else None,
+            "partition_bytes": int(args.partition_mb * 1e6) if args.partition_mb is not None else None,
             "hub": _hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch)}
 
 

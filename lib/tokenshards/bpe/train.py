@@ -65,7 +65,7 @@ class TrainBpeConfig(RunOptions):
         if self.holdout_every < 0 or self.holdout_every == 1:
             raise UserError(f"holdout_every={self.holdout_every}: hold back every N-th row with N >= 2, or 0 for none")
         if self.partition_bytes is not None and self.partition_bytes < 1:
-            raise UserError(f"partition_bytes={self.partition_bytes} must be positive")
+            raise UserError(f"--partition-mb {self.partition_bytes / 1e6:g} must be positive")
         for token in self.specials:
             if not token:
                 raise UserError("--special '': a special token needs at least one character")

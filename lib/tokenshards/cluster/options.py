@@ -23,6 +23,6 @@ class RunOptions:
 
     def __post_init__(self):
         if self.workers is not None and self.workers < 1:
-            raise UserError(f"workers={self.workers} must be at least 1")
+            raise UserError(f"--workers {self.workers} must be at least 1")
         if self.progress not in MODES:
-            raise UserError(f"progress={self.progress!r} not supported, expected one of {', '.join(MODES)}")
+            raise UserError(f"--progress {self.progress!r} not supported, expected one of {', '.join(MODES)}")

@@ -152,7 +152,7 @@ def build_backend(name: str, encoding: tiktoken.Encoding, params: dict) -> Backe
         return reference
     if name in FAST_BACKENDS:
         return CheckedBackend(_fast_backend(name, params), reference)
-    raise UserError(f"backend={name!r} not supported, expected one of {BACKENDS}")
+    raise UserError(f"--backend {name!r} not supported, expected one of {BACKENDS}")
 
 
 def _installed(module: str) -> bool:
@@ -197,7 +197,7 @@ def choose_backend(requested: str, encoding: tiktoken.Encoding, params: dict) ->
     """(backend name, one line saying why). ``auto`` takes the fastest installed backend that
     reproduces tiktoken on the verification sample, else tiktoken."""
     if requested not in BACKENDS:
-        raise UserError(f"backend={requested!r} not supported, expected one of {', '.join(BACKENDS)}")
+        raise UserError(f"--backend {requested!r} not supported, expected one of {', '.join(BACKENDS)}")
     if requested == "tiktoken":
         return "tiktoken", backend_version("tiktoken")
     if requested != "auto" and not _installed(requested):

@@ -72,7 +72,7 @@ def output_dtype(fmt: str, source_dtype: str) -> str:
         return "<u2"
     if fmt == "megatron":
         return "<i4" if wide else "<u2"
-    raise UserError(f"format={fmt!r} not supported, expected one of {FORMATS}")
+    raise UserError(f"--format {fmt!r} not supported, expected one of {FORMATS}")
 
 
 def shard_files(*, fmt: str, prefix: str, streams: Streams, shard_tokens: int, dtype: str) -> list[OutFile]:
@@ -112,7 +112,7 @@ def shard_files(*, fmt: str, prefix: str, streams: Streams, shard_tokens: int, d
                 Literal(megatron_idx_header(dtype=dtype, docs=n)), DocLengths(split, n),
                 DocPointers(split, n, np.dtype(dtype).itemsize), DocIndex(n + 1))))
         return files
-    raise UserError(f"format={fmt!r} not supported, expected one of {FORMATS}")
+    raise UserError(f"--format {fmt!r} not supported, expected one of {FORMATS}")
 
 
 def name_patterns(fmt: str, prefix: str) -> list[str]:

@@ -56,22 +56,22 @@ class ExportConfig(RunOptions):
     def __post_init__(self):
         super().__post_init__()
         if self.format not in formats.FORMATS:
-            raise UserError(f"format={self.format!r} not supported, expected one of {formats.FORMATS}")
+            raise UserError(f"--format {self.format!r} not supported, expected one of {formats.FORMATS}")
         if self.shard_tokens is not None:
             if self.format in ("nanogpt", "megatron"):
                 raise UserError(f"--shard-tokens applies to llmc and npy; {self.format} writes one file per split")
             if self.shard_tokens < 1:
-                raise UserError(f"shard_tokens={self.shard_tokens} must be at least 1")
+                raise UserError(f"--shard-tokens {self.shard_tokens} must be at least 1")
             if self.format == "llmc" and self.shard_tokens > formats.LLMC_MAX_TOKENS:
-                raise UserError(f"shard_tokens={self.shard_tokens:,} is over llm.c's limit of {formats.LLMC_MAX_TOKENS:,} "
+                raise UserError(f"--shard-tokens {self.shard_tokens:,} is over llm.c's limit of {formats.LLMC_MAX_TOKENS:,} "
                                 "(its header stores the count in an int32)")
         if self.val_tokens < 0:
-            raise UserError(f"val_tokens={self.val_tokens} must be 0 (no validation set) or more")
+            raise UserError(f"--val-tokens {self.val_tokens} must be 0 (no validation set) or more")
         if self.prefix is not None:
             if self.format == "nanogpt":
                 raise UserError("--prefix does not apply to nanogpt: nanoGPT's train.py reads the fixed names train.bin and val.bin")
             if not self.prefix or "/" in self.prefix or self.prefix.startswith("."):
-                raise UserError(f"prefix={self.prefix!r}: expected a plain file name prefix such as 'fineweb'")
+                raise UserError(f"--prefix {self.prefix!r}: expected a plain file name prefix such as 'fineweb'")
         if self.chunk_bytes < 1:
             raise UserError(f"chunk_bytes={self.chunk_bytes} must be positive")
 

@@ -38,9 +38,11 @@ class HubDataset:
             raise UserError(f"--dataset {self.repo!r}: expected a dataset repo id OWNER/NAME, e.g. HuggingFaceFW/fineweb")
         size_folder(self.size)  # validates
         if self.fetch not in FETCH_MODES:
-            raise UserError(f"fetch={self.fetch!r} not supported, expected one of {FETCH_MODES}")
-        if self.max_workers < 1 or self.retries < 0 or self.keep_free < 0:
-            raise UserError("max_workers must be at least 1, retries and keep_free at least 0")
+            raise UserError(f"--fetch {self.fetch!r} not supported, expected one of {FETCH_MODES}")
+        if self.keep_free < 0:
+            raise UserError(f"--keep-free-gb {self.keep_free / 2**30:g} must be 0 or more")
+        if self.max_workers < 1 or self.retries < 0:
+            raise UserError("max_workers must be at least 1, retries at least 0")
 
     @property
     def folder(self) -> str:

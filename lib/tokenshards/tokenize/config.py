@@ -46,11 +46,11 @@ class TokenizeConfig(RunOptions):
         if not self.inputs and self.hub is None:
             raise UserError("no input given: pass --input PATH_OR_GLOB (or --dataset REPO --size SIZE)")
         if self.eot_position not in EOT_POSITIONS:
-            raise UserError(f"eot_position={self.eot_position!r} not supported, expected one of {EOT_POSITIONS}")
+            raise UserError(f"--eot {self.eot_position!r} not supported, expected one of {EOT_POSITIONS}")
         if self.on_bad_file not in ON_BAD_FILE:
-            raise UserError(f"on_bad_file={self.on_bad_file!r} not supported, expected one of {ON_BAD_FILE}")
+            raise UserError(f"--on-bad-file {self.on_bad_file!r} not supported, expected one of {ON_BAD_FILE}")
         if self.partition_bytes is not None and self.partition_bytes < 1:
-            raise UserError(f"partition_bytes={self.partition_bytes} must be positive")
+            raise UserError(f"--partition-mb {self.partition_bytes / 1e6:g} must be positive")
 
     def resolved_partition_bytes(self, corpus_text_bytes: int) -> int:
         return self.partition_bytes or auto_partition_bytes(corpus_text_bytes)

@@ -47,7 +47,7 @@ class VerifyConfig(RunOptions):
         # Credentials must not show in a repr or in distributed's log of a failed task.
         object.__setattr__(self, "storage_options", storage_options(self.storage_options))
         if self.deep < 0:
-            raise UserError(f"deep={self.deep} must be 0 or more documents")
+            raise UserError(f"--deep {self.deep} must be 0 or more documents")
 
 
 @dataclass(frozen=True, kw_only=True)
