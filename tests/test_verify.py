@@ -308,6 +308,12 @@ def test_cli_damaged_run_exits_1_with_a_line_per_problem(copy, cluster):
 
 
 def test_cli_missing_manifest_is_one_line(tmp_path, capsys):
-    assert main(["verify", str(tmp_path / "nothing")]) == 2
-    assert capsys.readouterr().err == (f"tokenshards: error: {tmp_path / 'nothing'} has no manifest.json: the run did "
+    (tmp_path / "half" / "parts").mkdir(parents=True)  # an unfinished run: parts/, no manifest yet
+    assert main(["verify", str(tmp_path / "half")]) == 2
+    assert capsys.readouterr().err == (f"tokenshards: error: {tmp_path / 'half'} has no manifest.json: the run did "
                                        "not finish; rerun the same tokenize command to resume\n")
+    # A path with no run at all (a typo) is not told to resume (issue 17).
+    assert main(["verify", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err == (f"tokenshards: error: {tmp_path / 'nothing'}: no manifest.json; not a finished "
+                                       "tokenshards run (there is no such folder: check the path, or pass the --out "
+                                       "folder of a `tokenshards tokenize` run)\n")

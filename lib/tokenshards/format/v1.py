@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import UserError
+from .missing import not_a_run
 from ..storage.store import filesystem, join, read_json, write_json
 
 if TYPE_CHECKING:  # the plan's types are only read by attribute here; format must not import tokenize
@@ -254,7 +255,8 @@ def open_finished(out: str, storage_options: dict | None = None) -> tuple[fsspec
     try:
         manifest = read_manifest(fs, root)
     except FileNotFoundError as e:
-        raise UserError(f"{out}: no {MANIFEST}; not a finished tokenshards run (is `tokenshards tokenize` still "
+        raise UserError(not_a_run(fs, root, out) or
+                        f"{out}: no {MANIFEST}; not a finished tokenshards run (is `tokenshards tokenize` still "
                         "running, or was it interrupted? rerun the same command to finish it)") from e
     except ManifestError as e:
         hint = "" if str(e).startswith("format ") else f"; run `tokenshards verify {out}`"
