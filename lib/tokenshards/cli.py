@@ -218,10 +218,14 @@ def _add_export(sub) -> None:
     p = sub.add_parser("export", help="write a finished run as llm.c, build-nanogpt, nanoGPT or Megatron files")
     p.add_argument("out", metavar="OUT", help="output folder or s3://bucket/prefix of a finished run")
     p.add_argument("--format", required=True, choices=["llmc", "npy", "nanogpt", "megatron"],
-                   help="llmc: llm.c/modded-nanogpt .bin shards; npy: build-nanogpt .npy shards; "
-                        "nanogpt: train.bin/val.bin; megatron: Megatron-LM .bin/.idx")
+                   help="llmc: llm.c .bin shards (GPT-2 layout, also read by modded-nanogpt; vocabularies over "
+                        "65,536 ids get llm.c's llama-3 layout, which only llm.c's train_llama3.py reads); "
+                        "npy: build-nanogpt .npy shards; nanogpt: train.bin/val.bin; megatron: Megatron-LM .bin/.idx")
     p.add_argument("--to", required=True, metavar="DEST", help="folder or s3://bucket/prefix for the files")
     p.add_argument("--shard-tokens", type=int, metavar="N", help="tokens per shard, llmc and npy (default 100,000,000)")
+    p.add_argument("--min-shard-tokens", type=int, metavar="N",
+                   help="llmc and npy: a last shard under N tokens joins the one before it (default 1%% of --shard-tokens; "
+                        "0: never). llm.c needs processes x B x T + 1 tokens in every shard")
     p.add_argument("--val-tokens", type=int, metavar="N",
                    help="validation tokens, whole documents chosen by a hash of their id; 0 for none (default 10,485,760)")
     p.add_argument("--prefix", metavar="NAME", help="file name prefix, llmc/npy/megatron (default fineweb)")
@@ -237,7 +241,7 @@ def _run_export(args) -> int:
 
     given = {"val_tokens": args.val_tokens} if args.val_tokens is not None else {}  # else ExportConfig's default
     config = ExportConfig(out=args.out, format=args.format, to=args.to, shard_tokens=args.shard_tokens,
-                          prefix=args.prefix, overwrite=args.overwrite, **given, **_run_options(args))
+                          min_shard_tokens=args.min_shard_tokens, prefix=args.prefix, overwrite=args.overwrite, **given, **_run_options(args))
     return _print_lines(run_export(config, announce=_say))
 
 

@@ -46,6 +46,9 @@ class ExportConfig(RunOptions):
     to: str
     shard_tokens: int | None = None
     """llmc and npy only; None means DEFAULT_SHARD_TOKENS."""
+    min_shard_tokens: int | None = None
+    """llmc and npy only: a split's last shard under this joins the one before it; None means 1%
+    of the shard size (``formats.MIN_SHARD_FRACTION``), 0 never joins."""
     val_tokens: int = DEFAULT_VAL_TOKENS
     prefix: str | None = None
     """None: ``fineweb`` for llmc, npy and megatron; nanogpt's names are fixed."""
@@ -65,6 +68,11 @@ class ExportConfig(RunOptions):
             if self.format == "llmc" and self.shard_tokens > formats.LLMC_MAX_TOKENS:
                 raise UserError(f"--shard-tokens {self.shard_tokens:,} is over llm.c's limit of {formats.LLMC_MAX_TOKENS:,} "
                                 "(its header stores the count in an int32)")
+        if self.min_shard_tokens is not None:
+            if self.format in ("nanogpt", "megatron"):
+                raise UserError(f"--min-shard-tokens applies to llmc and npy; {self.format} writes one file per split")
+            if self.min_shard_tokens < 0:
+                raise UserError(f"--min-shard-tokens {self.min_shard_tokens} must be 0 (keep every last shard as it is) or more")
         if self.val_tokens < 0:
             raise UserError(f"--val-tokens {self.val_tokens} must be 0 (no validation set) or more")
         if self.prefix is not None:
@@ -83,6 +91,12 @@ class ExportConfig(RunOptions):
     def shard_size(self) -> int:
         return self.shard_tokens or DEFAULT_SHARD_TOKENS
 
+    @property
+    def min_shard_size(self) -> int:
+        if self.min_shard_tokens is not None:
+            return self.min_shard_tokens
+        return self.shard_size // formats.MIN_SHARD_FRACTION
+
     def replace(self, **changes) -> "ExportConfig":
         return dataclasses.replace(self, **changes)
 
@@ -96,11 +110,14 @@ class ExportSummary:
     train_docs: int
     train_tokens: int
     seconds: float
+    notes: tuple[str, ...] = ()
+    """What a reader of these files should know: shard sizes, which trainers read the layout."""
 
     def lines(self) -> list[str]:
         return [
-            f"done: {len(self.files)} files; val {self.val_docs:,} documents, {self.val_tokens:,} tokens; "
+            f"done: {counted(len(self.files), 'file')}; val {self.val_docs:,} documents, {self.val_tokens:,} tokens; "
             f"train {self.train_docs:,} documents, {self.train_tokens:,} tokens; {self.seconds:.1f} s",
+            *(f"      {note}" for note in self.notes),
             f"      output: {self.to}",
         ]
 
@@ -139,7 +156,7 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
         announce(f"validation: {streams.docs('val'):,} documents, {streams.tokens('val'):,} tokens; "
                  f"train: {streams.docs('train'):,} documents, {streams.tokens('train'):,} tokens")
         files = formats.shard_files(fmt=config.format, prefix=config.name_prefix, streams=streams,
-                                    shard_tokens=config.shard_size, dtype=dtype)
+                                    shard_tokens=config.shard_size, dtype=dtype, min_shard_tokens=config.min_shard_size)
         _write_files(client, files, streams, parts, dest_fs=dest_fs, dest_root=dest_root, kind=kind, source=source,
                      threshold=threshold, config=config, announce=announce)
 
@@ -152,6 +169,7 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
         "eot_position": manifest.eot_position,
         "dtype": dtype,
         "shard_tokens": config.shard_size if config.format in ("llmc", "npy") else None,
+        "min_shard_tokens": config.min_shard_size if config.format in ("llmc", "npy") else None,
         "val_tokens_requested": config.val_tokens,
         "val_selection": "whole documents with the smallest blake2b-64(id), ties by (input, row), "
                          "until val_tokens is reached",
@@ -159,9 +177,14 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
         "files": [{"name": f.name, "split": f.split, "tokens": f.tokens, "bytes": f.nbytes} for f in files],
     }
     write_json(dest_fs, join(dest_root, formats.record_name(config.format, config.name_prefix)), record)
+    notes = []
+    if config.format in ("llmc", "npy"):
+        notes += formats.shard_notes(files, shard_tokens=config.shard_size, min_shard_tokens=config.min_shard_size)
+    if config.format == "llmc" and dtype == formats.LLMC_LLAMA3[2]:
+        notes.append("note: " + formats.LLAMA3_READERS.format(n_vocab=manifest.encoding.n_vocab))
     return ExportSummary(to=config.to, files=[f.name for f in files], val_docs=streams.docs("val"),
                          val_tokens=streams.tokens("val"), train_docs=streams.docs("train"),
-                         train_tokens=streams.tokens("train"), seconds=time.perf_counter() - t0)
+                         train_tokens=streams.tokens("train"), seconds=time.perf_counter() - t0, notes=tuple(notes))
 
 
 def _prepare_dest(fs, root: str, config: ExportConfig) -> None:
