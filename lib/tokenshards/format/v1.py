@@ -215,16 +215,29 @@ def build_manifest(*, identity: dict, job: str, files: Sequence["InputFile"], sk
     totals = {k: sum(int(getattr(e, k)) for e in entries) for k in TOTAL_KEYS}
     extra = dict(extra or {})
     planned = extra.pop("planned_partitions", None)
+    id_column, without_id = used_id_column(files)
+    if without_id:
+        extra["inputs_without_id_column"] = without_id
     # Which tokenizers wrote the partitions: a resumed run's earlier partitions keep theirs.
     used = sorted({e.backend for e in entries if e.backend})
     return Manifest(
         encoding=Encoding.from_dict(identity["encoding"]), eot_position=identity["eot_position"],
-        text_column=identity["text_column"], id_column=identity["id_column"],
+        text_column=identity["text_column"], id_column=id_column,
         inputs=tuple({"path": f.url, "name": f.name, "rows": f.rows, "bytes": f.bytes} for f in files),
         partitions=tuple(entries), totals=totals, job=job, encoding_sha256=identity["encoding_sha256"],
         partition_bytes=identity["partition_bytes"], skipped_inputs=tuple(_skipped_entry(b) for b in skipped),
         planned_partitions=planned, extra=extra, backend=", ".join(used) if used else None,
     )
+
+
+def used_id_column(files: Sequence["InputFile"]) -> tuple[str | None, list[str]]:
+    """(the column document ids came from, inputs that lacked it): ``id`` when it was found, not the
+    option (None: find it), which stays in the job identity so runs made before still resume.
+    One name at most: ``--id-column X`` (every input must have it) or ``id``."""
+    used = sorted({f.id_column for f in files if f.id_column})
+    if not used:
+        return None, []
+    return used[0], [f.url for f in files if not f.id_column]
 
 
 def _skipped_entry(bad: "BadInput") -> dict:
