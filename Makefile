@@ -81,8 +81,9 @@ worker: $(STAMP)
 	@test -n "$(SCHEDULER)" || { echo "make worker needs SCHEDULER=tcp://HOST:8786"; exit 2; }
 	$(BIN)/dask worker $(SCHEDULER) --nworkers $(NWORKERS) --nthreads 1
 
-# make inspect OUT=out/demo [PLOT=lengths.png]
-PLOT ?=
+# make inspect OUT=out/demo: the summary, and the lengths plot in OUT/lengths.png (out/ is in
+# .gitignore); PLOT=FILE.png puts it elsewhere, PLOT= (empty) skips it.
+PLOT ?= $(OUT)/lengths.png
 inspect: $(STAMP)
 	$(BIN)/tokenshards inspect $(OUT) $(if $(PLOT),--plot $(PLOT)) \
 		$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))

@@ -1,4 +1,4 @@
-"""Job entry point: `python jobs/export.py OUT --format llmc --to DEST` (same as `tokenshards export`)."""
+"""Job entry point: `.venv/bin/python jobs/export.py OUT --format llmc --to DEST` (same as `tokenshards export`)."""
 import sys
 
 from tokenshards.cli import console_main

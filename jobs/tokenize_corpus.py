@@ -1,4 +1,4 @@
-"""Job entry point: `python jobs/tokenize_corpus.py --input ... --out ...` (same as `tokenshards tokenize`)."""
+"""Job entry point: `.venv/bin/python jobs/tokenize_corpus.py --input ... --out ...` (same as `tokenshards tokenize`)."""
 import sys
 
 from tokenshards.cli import console_main
