@@ -185,8 +185,8 @@ def test_a_short_last_shard_joins_the_one_before(gpt2_run, cluster, tmp_path, ca
     # A split smaller than the bound stays one shard, and the summary says so.
     files, lines = _export(capsys, cluster, out, tmp_path / "one", "--format", "llmc", "--min-shard-tokens", total + 1)
     assert [len(_llmc_tokens(p)) for p in files] == [total]
-    assert f"      train: 1 shard, fineweb_train_000000.bin, {total:,} tokens: under --min-shard-tokens " \
-           f"({total + 1:,}), with no shard before it to join" in lines
+    assert f"      train: 1 shard, fineweb_train_000000.bin, {total:,} tokens: the whole split, under " \
+           f"--min-shard-tokens ({total + 1:,}); llm.c reads it with processes x B x T up to {total - 1:,}" in lines
 
 
 def test_min_shard_tokens_is_refused_where_there_are_no_shards(tmp_path, capsys):

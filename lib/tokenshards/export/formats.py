@@ -149,7 +149,8 @@ def shard_notes(files: list[OutFile], *, shard_tokens: int, min_shard_tokens: in
         if len(shards) == 1:
             note = f"{split}: 1 shard, {last.name}, {last.tokens:,} tokens"
             if last.tokens < min_shard_tokens:
-                note += f": under --min-shard-tokens ({min_shard_tokens:,}), with no shard before it to join"
+                note += (f": the whole split, under --min-shard-tokens ({min_shard_tokens:,}); llm.c reads it with "
+                         f"processes x B x T up to {last.tokens - 1:,}")
         elif last.tokens > shard_tokens:
             note = (f"{split}: {len(shards)} shards; the last, {last.name}, holds {last.tokens:,} tokens: its final "
                     f"{last.tokens - shard_tokens:,} joined it rather than make a shard under --min-shard-tokens "
