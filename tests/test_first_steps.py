@@ -221,9 +221,6 @@ def test_an_unfinished_run_keeps_the_resume_advice(gpt2_run, tmp_path, capsys):
     shutil.rmtree(out / "parts")
     code, _, err = _cli(capsys, ["verify", out])
     assert code == 2 and "rerun the same tokenize command to resume" in _one_error(err)
-    from tokenshards.format import missing
-
-    assert missing.JOB_FILE == resume.JOB_FILE
 
 
 # -- the README's examples -----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from distributed import Client, LocalCluster
 
 from . import interrupt
 from ..errors import UserError
+from ..wording import counted
 
 CLUSTER_DEFAULTS = {
     # A worker that dies (OOM kill, lost machine) is not a task error: Dask reschedules its
@@ -290,7 +291,7 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
                 yield client
         else:
             s = config.settings if config else {}
-            n = s.get("workers") or workers or os.cpu_count() or 1
+            n = s.get("workers") or workers or os.cpucounted() or 1
             source = f" ({config.path})" if config else ""
             with interrupt.children_ignore_ctrl_c():
                 cluster = LocalCluster(n_workers=n, threads_per_worker=s.get("threads_per_worker", 1), processes=True,
@@ -298,7 +299,7 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
                                        dashboard_address=s.get("dashboard_address", dashboard_address),
                                        silence_logs=logging.CRITICAL)
             with cluster, Client(cluster) as client:
-                announce(f"dashboard: {client.dashboard_link}  (local cluster{source}: {_count(n, 'process worker')})")
+                announce(f"dashboard: {client.dashboard_link}  (local cluster{source}: {counted(n, 'process worker')})")
                 yield client
 
 
@@ -314,7 +315,7 @@ def _remote_client(*, address: str | None = None, scheduler_file: str | None = N
         raise UserError(f"cannot reach the Dask scheduler at {where}: {e}; is `dask scheduler` running there?") from e
     with client:
         n = len(client.scheduler_info(n_workers=-1)["workers"])
-        announce(f"dashboard: {client.dashboard_link}  (scheduler {client.scheduler.address}, {_count(n, 'worker')}"
+        announce(f"dashboard: {client.dashboard_link}  (scheduler {client.scheduler.address}, {counted(n, 'worker')}"
                  + ("; tasks wait until a `dask worker` joins" if n == 0 else "") + ")")
         yield client
 
@@ -335,8 +336,3 @@ def _backend_client(config: ClusterConfig, *, announce: Callable[[str], None]) -
         announce(f"dashboard: {client.dashboard_link}  ({config.kind} cluster from {config.path}"
                  + (f", scaling to {config.workers} workers; tasks start as they join" if config.workers else "") + ")")
         yield client
-
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")

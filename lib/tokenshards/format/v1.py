@@ -19,7 +19,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import UserError
-from .missing import not_a_run
 from ..storage.store import filesystem, join, read_json, write_json
 
 if TYPE_CHECKING:  # the plan's types are only read by attribute here; format must not import tokenize
@@ -27,6 +26,10 @@ if TYPE_CHECKING:  # the plan's types are only read by attribute here; format mu
 
 FORMAT = "tokenshards/1"
 MANIFEST = "manifest.json"
+JOB_FILE = "tokenshards-job.json"
+"""What the run in OUT was asked to do; the first file a run writes there, so a rerun with other
+inputs or options can say exactly what differs (``tokenize.resume``), and a folder without it
+and without ``parts/`` was never a run."""
 TOTAL_KEYS = ("rows", "docs", "tokens", "skipped_null", "skipped_empty")
 FORMAT_KEYS = ("format", "encoding", "eot_position", "text_column", "inputs", "partitions", "totals")
 """DESIGN's required keys: what any format v1 manifest holds, whoever wrote it."""
@@ -353,3 +356,21 @@ def read_npy_header(raw: bytes) -> NpyHeader:
     except (ValueError, EOFError) as e:
         raise NpyHeaderError(str(e)) from e
     return NpyHeader(shape=tuple(shape), fortran_order=bool(fortran_order), dtype=dtype, offset=buf.tell())
+
+
+def not_a_run(fs: fsspec.AbstractFileSystem, root: str, url: str) -> str | None:
+    """The one-line reason when ``root`` (which has no manifest.json) holds no tokenshards run at
+    all; None when it holds an unfinished one (its job file or ``parts/`` is there)."""
+    start = f"{url}: no manifest.json; not a finished tokenshards run"
+    advice = "pass the --out folder of a `tokenshards tokenize` run"
+    if not fs.exists(root):
+        return f"{start} (there is no such folder: check the path, or {advice})"
+    if fs.exists(join(root, JOB_FILE)) or fs.exists(join(root, "parts")):
+        return None
+    looks_like = ""
+    try:  # one listing of the folder itself: cheap even when it is a large input prefix
+        if fs.glob(join(root, "*.parquet")):
+            looks_like = "; it holds parquet files, like an input folder"
+    except OSError:
+        pass
+    return f"{start} (not a tokenshards output at all: no parts/, no {JOB_FILE}{looks_like}; {advice})"

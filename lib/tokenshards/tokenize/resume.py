@@ -14,9 +14,7 @@ from ..format.v1 import PartitionEntry
 from ..storage.store import join, read_json, write_json
 from .plan import Piece
 
-JOB_FILE = "tokenshards-job.json"
-"""What the run in OUT was asked to do; written before the first partition, so a rerun with
-other inputs or options can say exactly what differs."""
+JOB_FILE = v1.JOB_FILE
 
 
 def job_identity(*, encoding: dict, encoding_fingerprint: str, eot_position: str, text_column: str,

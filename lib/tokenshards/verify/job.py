@@ -23,7 +23,6 @@ from distributed import Client
 from ..cluster import runner
 from ..cluster.progress import Progress
 from ..format import v1
-from ..format.missing import not_a_run
 from ..format.v1 import Manifest, PartitionEntry
 from ..cluster.options import RunOptions
 from ..encoding.encoders import EncoderPlugin, load_encoding, plugin_name, worker_encoding
@@ -202,7 +201,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     try:
         raw = v1.read_manifest_json(fs, root)
     except FileNotFoundError as e:
-        raise UserError(not_a_run(fs, root, config.out) or f"{config.out} has no {v1.MANIFEST}: the run did not finish; "
+        raise UserError(v1.not_a_run(fs, root, config.out) or f"{config.out} has no {v1.MANIFEST}: the run did not finish; "
                         "rerun the same tokenize command to resume") from e
     except ValueError as e:
         return _report(config, manifest=None, problems=[f"manifest.json: not valid JSON ({e})"])
