@@ -177,6 +177,18 @@ def _byte_count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a byte count such as 200000000, 500M or 2G") from e
 
 
+def _token_count(text: str) -> int:
+    """``50000000``, ``500M``, ``10B`` (billions, as dataset sizes are named: FineWeb's sample-10BT)."""
+    units = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+    number, unit = text.upper().removesuffix("T") if text.upper().endswith("BT") else text.upper(), ""
+    if number and number[-1] in units:
+        number, unit = number[:-1], number[-1]
+    try:
+        return int(float(number) * units[unit])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a token count such as 50000000, 500M or 10B") from e
+
+
 def _add_train_bpe(sub) -> None:
     p = sub.add_parser("train-bpe", help="train a byte-level BPE vocabulary on parquet text (.tiktoken + .json)")
     _add_input_argument(p, "parquet file, folder, glob or URL (s3://)")
@@ -216,7 +228,8 @@ def _run_train_bpe(args) -> int:
 
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="write a finished run as llm.c, build-nanogpt, nanoGPT or Megatron files")
-    p.add_argument("out", metavar="OUT", help="output folder or s3://bucket/prefix of a finished run")
+    p.add_argument("out", metavar="OUT", nargs="+",
+                   help="output folder or s3://bucket/prefix of a finished run; several: a shuffled mixture of them")
     p.add_argument("--format", required=True, choices=["llmc", "npy", "nanogpt", "megatron"],
                    help="llmc: llm.c .bin shards (GPT-2 layout, also read by modded-nanogpt; vocabularies over "
                         "65,536 ids get llm.c's llama-3 layout, which only llm.c's train_llama3.py reads); "
@@ -230,6 +243,13 @@ def _add_export(sub) -> None:
                    help="validation tokens, whole documents chosen by a hash of their id; 0 for none (default 10,485,760)")
     p.add_argument("--prefix", metavar="NAME", help="file name prefix, llmc/npy/megatron (default fineweb)")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export of this format in DEST")
+    p.add_argument("--shuffle", action="store_true",
+                   help="documents in a seeded pseudo-random order over the whole corpus (mixtures always are)")
+    p.add_argument("--seed", type=int, metavar="S", help="the shuffled order (default 0); the same seed gives the same files")
+    p.add_argument("--weights", type=float, nargs="+", metavar="W",
+                   help="one per OUT: its share of the mixture's train tokens (default: each run's size)")
+    p.add_argument("--tokens", type=_token_count, metavar="N",
+                   help="train tokens of the mixture, e.g. 10B (default: the most that repeats no run)")
     _add_cluster_arguments(p)
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT and DEST; repeatable")
@@ -240,8 +260,11 @@ def _run_export(args) -> int:
     from .export import ExportConfig, run_export
 
     given = {"val_tokens": args.val_tokens} if args.val_tokens is not None else {}  # else ExportConfig's default
-    config = ExportConfig(out=args.out, format=args.format, to=args.to, shard_tokens=args.shard_tokens,
-                          min_shard_tokens=args.min_shard_tokens, prefix=args.prefix, overwrite=args.overwrite, **given, **_run_options(args))
+    config = ExportConfig(out=args.out[0], mix_with=tuple(args.out[1:]), format=args.format, to=args.to,
+                          shard_tokens=args.shard_tokens, min_shard_tokens=args.min_shard_tokens, prefix=args.prefix,
+                          overwrite=args.overwrite, shuffle=args.shuffle, seed=args.seed,
+                          weights=tuple(args.weights) if args.weights is not None else None, tokens=args.tokens,
+                          **given, **_run_options(args))
     return _print_lines(run_export(config, announce=_say))
 
 

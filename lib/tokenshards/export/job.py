@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 import posixpath
 import time
 import uuid
@@ -16,7 +17,7 @@ from typing import Callable
 import numpy as np
 from distributed import Client
 
-from ..cluster import runner
+from ..cluster import interrupt, runner
 from ..cluster.options import RunOptions
 from ..errors import UserError
 from ..cluster.progress import Progress, human
@@ -53,6 +54,16 @@ class ExportConfig(RunOptions):
     prefix: str | None = None
     """None: ``fineweb`` for llmc, npy and megatron; nanogpt's names are fixed."""
     overwrite: bool = False
+    shuffle: bool = False
+    """Train (and validation) documents in a seeded order over the whole corpus (shuffle.py)."""
+    seed: int | None = None
+    """None: 0. Only with shuffle."""
+    mix_with: tuple[str, ...] = ()
+    """More finished runs to mix with ``out`` (a mixture is always shuffled)."""
+    weights: tuple[float, ...] | None = None
+    """One per run, normalised; None: each run's train tokens (every document once)."""
+    tokens: int | None = None
+    """Train tokens of the mixture; None: the most that takes no run twice."""
     # -- how it runs (and RunOptions): never changes the output bytes --
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
@@ -82,6 +93,26 @@ class ExportConfig(RunOptions):
                 raise UserError(f"--prefix {self.prefix!r}: expected a plain file name prefix such as 'fineweb'")
         if self.chunk_bytes < 1:
             raise UserError(f"chunk_bytes={self.chunk_bytes} must be positive")
+        if not self.shuffled and self.seed is not None:
+            raise UserError("--seed orders a shuffled export; add --shuffle")
+        if self.tokens is not None and self.tokens < 1:
+            raise UserError(f"tokens={self.tokens} must be at least 1")
+        if self.weights is not None and len(self.weights) != len(self.runs):
+            raise UserError(f"--weights has {len(self.weights)} values for {len(self.runs)} runs; give one weight per run, in the same order")
+        for run, w in zip(self.runs, self.weights or ()):
+            if not (math.isfinite(w) and w > 0):
+                raise UserError(f"weight {w!r} for {run} must be a positive number")
+        if len(set(self.runs)) != len(self.runs):
+            raise UserError(f"a run is given twice ({', '.join(self.runs)}); to weigh it more, use --weights")
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        return (self.out, *self.mix_with)
+
+    @property
+    def shuffled(self) -> bool:
+        """Mixing (several runs, --weights or --tokens) is always shuffled."""
+        return self.shuffle or bool(self.mix_with) or self.weights is not None or self.tokens is not None
 
     @property
     def name_prefix(self) -> str:
@@ -124,6 +155,10 @@ class ExportSummary:
 
 def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print) -> ExportSummary:
     """Run the whole export; raises ``UserError`` for anything the user can fix."""
+    if config.shuffled:
+        from .shuffle import run_shuffled_export
+
+        return run_shuffled_export(config, announce=announce)
     t0 = time.perf_counter()
     _, _, manifest = open_manifest(config.out, config.storage_options)
     dtype = formats.output_dtype(config.format, manifest.encoding.dtype)
@@ -157,8 +192,14 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
                  f"train: {streams.docs('train'):,} documents, {streams.tokens('train'):,} tokens")
         files = formats.shard_files(fmt=config.format, prefix=config.name_prefix, streams=streams,
                                     shard_tokens=config.shard_size, dtype=dtype, min_shard_tokens=config.min_shard_size)
-        _write_files(client, files, streams, parts, dest_fs=dest_fs, dest_root=dest_root, kind=kind, source=source,
-                     threshold=threshold, config=config, announce=announce)
+
+        def submit(chunks: list[Chunk], targets: list[Target]):
+            return runner.submit(client, write_chunk, chunks, targets,
+                                 [{k: parts[k] for k in sorted(c.partitions())} for c in chunks], source=source,
+                                 threshold=threshold, dest_storage_options=config.storage_options)
+
+        _write_files(client, files, streams, submit=submit, dest_fs=dest_fs, dest_root=dest_root, kind=kind, config=config,
+                     announce=announce)
 
     record = {
         "format": RECORD_FORMAT,
@@ -241,33 +282,32 @@ def _val_candidates(client: Client, parts: list[PartInfo], *, source: Source, va
         f"choosing validation documents failed: {type(e).__name__}: {e}"))
 
 
-def _write_files(client: Client, files, streams: Streams, parts: list[PartInfo], *, dest_fs, dest_root: str, kind: str,
-                 source: Source, threshold, config: ExportConfig, announce) -> None:
-    """Open every file, write all chunks in parallel, commit each file once its chunks are in."""
+def _write_files(client: Client, files, streams: Streams, *, submit: Callable, dest_fs, dest_root: str, kind: str,
+                 config: ExportConfig, announce) -> None:
+    """Open every file, write all chunks in parallel (``submit(chunks, targets)`` starts one task
+    per chunk that renders and puts it), then commit every file: none appears before all are
+    written, so a killed or failed export leaves nothing that looks finished."""
     targets: dict[str, Target] = {}
-    remaining: dict[str, int] = {}
     etags: dict[str, dict[int, str]] = {}
     chunks: list[Chunk] = []
     for f in files:
         pieces = chunk_file(f, streams, chunk_bytes=part_size(kind, f.nbytes, config.chunk_bytes))
         chunks.extend(pieces)
-        remaining[f.name], etags[f.name] = len(pieces), {}
+        etags[f.name] = {}
     total_bytes = sum(f.nbytes for f in files)
     announce(f"writing {counted(len(files), 'file')}, {human(total_bytes)}B in {counted(len(chunks), 'chunk')} to {config.to}")
     try:
         for f in files:
             targets[f.name] = open_target(dest_fs, join(dest_root, f.name), f.nbytes)
-        futures = runner.submit(client, write_chunk, chunks, [targets[c.file] for c in chunks],
-                                [{k: parts[k] for k in sorted(c.partitions())} for c in chunks], source=source,
-                                threshold=threshold, dest_storage_options=config.storage_options)
+        futures = submit(chunks, [targets[c.file] for c in chunks])
         progress = Progress(len(chunks), mode=config.progress, unit="chunks", amount="B")
         for chunk, (name, number, etag) in runner.each_result(
                 client, futures, chunks, progress=progress, amount=lambda chunk, _: chunk.nbytes,
                 explain=lambda chunk, e: UserError(f"writing {config.to} failed: {type(e).__name__}: {e}")):
             etags[name][number] = etag
-            remaining[name] -= 1
-            if remaining[name] == 0:
-                commit_target(dest_fs, targets.pop(name), etags[name])
+        for f in files:
+            interrupt.check()
+            commit_target(dest_fs, targets.pop(f.name), etags[f.name])
     except BaseException:
         for target in targets.values():
             abort_target(dest_fs, target)

@@ -123,11 +123,17 @@ def render_chunk(chunk: Chunk, *, source: Source, parts: dict[int, PartInfo], th
     files = _files(source, parts)
     views: dict[int, _SplitView] = {}
 
-    def view(k: int) -> _SplitView:
+    def view(k: int, split: str) -> _SplitView:
         if k not in views:
             views[k] = _SplitView(files, k, parts[k], threshold)
         return views[k]
 
+    return render(chunk, view)
+
+
+def render(chunk: Chunk, view) -> bytes:
+    """A chunk's bytes; ``view(k, split)`` is what holds the k-th piece of that split's stream
+    (a partition here, a bucket of a shuffled export), with ``tokens``, ``lengths``, ``pointers``."""
     out = []
     for head, take, ops in chunk.segments:
         pieces = []
@@ -137,14 +143,14 @@ def render_chunk(chunk: Chunk, *, source: Source, parts: dict[int, PartInfo], th
                 pieces.append(op[1])
             elif kind == "tokens":
                 _, k, split, lo, hi, dtype = op
-                tokens = view(k).tokens(split, lo, hi)
+                tokens = view(k, split).tokens(split, lo, hi)
                 pieces.append(tokens.astype(dtype, copy=False).tobytes())
             elif kind == "lengths":
                 _, k, split, lo, hi = op
-                pieces.append(view(k).lengths(split, lo, hi).tobytes())
+                pieces.append(view(k, split).lengths(split, lo, hi).tobytes())
             elif kind == "pointers":
                 _, k, split, lo, hi, base, itemsize = op
-                pieces.append(view(k).pointers(split, lo, hi, base, itemsize).tobytes())
+                pieces.append(view(k, split).pointers(split, lo, hi, base, itemsize).tobytes())
             elif kind == "arange":
                 pieces.append(np.arange(op[1], op[2], dtype="<i8").tobytes())
             else:
@@ -189,7 +195,12 @@ def open_target(fs, path: str, nbytes: int) -> Target:
 def write_chunk(chunk: Chunk, target: Target, parts: dict[int, PartInfo], *, source: Source,
                 threshold: Threshold | None, dest_storage_options: dict) -> tuple[str, int, str]:
     """Worker task: render one chunk and put it in place; returns (file, part number, ETag)."""
-    data = render_chunk(chunk, source=source, parts=parts, threshold=threshold)
+    return put_chunk(render_chunk(chunk, source=source, parts=parts, threshold=threshold), chunk, target,
+                     dest_storage_options=dest_storage_options)
+
+
+def put_chunk(data: bytes, chunk: Chunk, target: Target, *, dest_storage_options: dict) -> tuple[str, int, str]:
+    """Put a rendered chunk in its place in ``target``; returns (file, part number, ETag)."""
     if target.kind == "local":
         try:
             fd = os.open(target.tmp, os.O_WRONLY)

@@ -89,6 +89,30 @@ class PartitionFiles:
             raise UserError(f"{self._tokens_path(k)}: short read; the object is smaller than the manifest says")
         return np.frombuffer(raw, self.dtype)
 
+    def token_ranges(self, ranges: list[tuple[int, int, int]]) -> list[np.ndarray]:
+        """Tokens [lo, hi) of partition k for each (k, lo, hi): memory-map views locally; elsewhere
+        one batched ``cat_ranges`` (s3fs fetches the ranges concurrently, not one after another)."""
+        if self._local or not ranges:
+            return [self.tokens(k, lo, hi) for k, lo, hi in ranges]
+        size = self.dtype.itemsize
+        paths, starts, ends = [], [], []
+        for k, lo, hi in ranges:
+            if not 0 <= lo <= hi <= self.partitions[k]["tokens"]:
+                raise IndexError(f"tokens [{lo}, {hi}) outside partition {self.partitions[k]['index']}")
+            offset = self._data_offset(k)
+            paths.append(self._path(k, "tokens_file"))
+            starts.append(offset + lo * size)
+            ends.append(offset + hi * size)
+        raws = self.fs.cat_ranges(paths, starts, ends)
+        out = []
+        for raw, path, a, b in zip(raws, paths, starts, ends):
+            if isinstance(raw, Exception):
+                raise UserError(f"{path}: unreadable ({type(raw).__name__}: {raw}); the output is damaged, rerun tokenize") from raw
+            if len(raw) != b - a:
+                raise UserError(f"{path}: short read; the object is smaller than the manifest says")
+            out.append(np.frombuffer(raw, self.dtype))
+        return out
+
     def _data_offset(self, k: int) -> int:
         """Where the array starts in a ``.npy`` object (after its self-describing header)."""
         if k not in self._offsets:

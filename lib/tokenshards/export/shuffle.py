@@ -1,0 +1,439 @@
+"""Shuffled and mixed exports: a seeded order over every document of one or more runs.
+
+How it runs, all on the cluster (the client holds per-bucket and per-partition counts only):
+1. validation documents per run, exactly as for an unshuffled export (``valsplit``);
+2. for a run that contributes a partial epoch, the cut in its own seeded order: a token-weighted
+   histogram of selection keys (4,096 bins, summed in a tree), then the candidates of the one
+   bin the cut falls in, merged as validation candidates are;
+3. a small frame, one row per document copy (sort key, source, epoch, input, row, partition,
+   start, length: 46 bytes), built per (run, partition, epoch) and sorted with Dask's shuffle
+   into key-range buckets, each then sorted by the full key (``order.SORT_COLUMNS``); a
+   bucket holds about one chunk of tokens and stays in worker memory;
+4. every output chunk is a token range of buckets: its writer takes those buckets' rows and reads
+   the documents' tokens from the part files, grouped by file (one batched request per task on
+   S3, nearby ranges coalesced), and puts the bytes in place as an unshuffled export does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+from distributed import Client
+
+from ..cluster import runner
+from ..errors import UserError
+from ..format.reader import PartitionFiles, open_manifest
+from ..storage.store import check_bucket, filesystem, join, write_json
+from . import formats, mix, order, valsplit
+from .layout import Chunk, Streams
+from .valsplit import Threshold, id_hashes, is_val
+from .write import PartInfo, Source, Target, put_chunk, render, target_kind
+
+SELECT_BITS = 12
+"""The cut of a partial epoch is found in two passes: which of 2**12 key bins, then where in it."""
+GAP_BYTES = 1 << 20
+"""Reading a gap this small costs less than another request to S3."""
+MAX_BUCKETS = 16_384
+FRAME_COLUMNS = {"key": "int64", "src": "int16", "epoch": "int32", "input": "int32", "row": "int64",
+                 "part": "int32", "start": "int64", "length": "int64"}
+BUCKET_COLUMNS = ("src", "part", "start", "length")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrameTask:
+    """One (run, partition, epoch) of the frame. ``cutoff``: only documents whose selection key
+    is at most this (a partial epoch); ``with_val``: also the partition's validation documents."""
+
+    src: int
+    k: int
+    part: PartInfo
+    source: Source
+    val_threshold: Threshold | None
+    seed: int
+    epoch: int
+    with_val: bool
+    cutoff: Threshold | None = None
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Every run's part files (scattered once; each writer task reads what its buckets name)."""
+
+    sources: tuple[Source, ...]
+    entries: tuple[tuple[dict, ...], ...]
+
+    def files(self) -> list[PartitionFiles]:
+        out = []
+        for source, entries in zip(self.sources, self.entries):
+            fs, root = filesystem(source.out, source.storage_options)
+            out.append(PartitionFiles(fs, root, dtype=source.dtype, partitions=list(entries)))
+        return out
+
+
+# -- worker side: documents and keys --------------------------------------------------------------
+def _train_docs(src: int, k: int, part: PartInfo, source: Source, val_threshold: Threshold | None):
+    """(docs, id hashes, val mask) of one partition, checked against what the client planned."""
+    fs, root = filesystem(source.out, source.storage_options)
+    files = PartitionFiles(fs, root, dtype=source.dtype, partitions={k: part.entry})
+    docs = files.docs(k, columns=("id", "row", "start", "length"))
+    hashes = id_hashes(docs.ids.to_pylist())
+    val = is_val(hashes=hashes, input_ordinal=part.input_ordinal, rows=docs.rows, threshold=val_threshold)
+    got = (int(val.sum()), int(docs.lengths[val].sum()))
+    if got != (part.val_docs, part.val_tokens):
+        raise UserError(f"{part.entry['docs_file']}: {got[0]} validation documents ({got[1]} tokens) now, "
+                        f"{part.val_docs} ({part.val_tokens}) when the export was planned; did {source.out} change? rerun export")
+    return docs, hashes, val
+
+
+def select_histogram(src: int, k: int, part: PartInfo, *, source: Source, val_threshold: Threshold | None,
+                     seed: int) -> np.ndarray:
+    """(2, 2**SELECT_BITS) int64: train documents and tokens per selection-key bin."""
+    docs, hashes, val = _train_docs(src, k, part, source, val_threshold)
+    q = order.keyed(hashes[~val], order.salt(seed=seed, purpose="select", source=src))
+    bins = (q >> np.uint64(64 - SELECT_BITS)).astype(np.int64)
+    lengths = docs.lengths[~val]
+    return np.stack([np.bincount(bins, minlength=1 << SELECT_BITS),
+                     np.bincount(bins, weights=lengths, minlength=1 << SELECT_BITS).astype(np.int64)])
+
+
+def select_candidates(src: int, k: int, part: PartInfo, *, source: Source, val_threshold: Threshold | None,
+                      seed: int, bin: int, need: int) -> np.ndarray:
+    """This partition's train documents in selection bin ``bin`` that could be in the cut."""
+    docs, hashes, val = _train_docs(src, k, part, source, val_threshold)
+    q = order.keyed(hashes, order.salt(seed=seed, purpose="select", source=src))
+    mask = ~val & ((q >> np.uint64(64 - SELECT_BITS)).astype(np.int64) == bin)
+    return valsplit.candidates(hashes=q[mask], input_ordinal=part.input_ordinal, rows=docs.rows[mask],
+                               lengths=docs.lengths[mask], part=k, val_tokens=need)
+
+
+def doc_frame(task: FrameTask) -> pd.DataFrame:
+    """The frame rows of one (run, partition, epoch)."""
+    docs, hashes, val = _train_docs(task.src, task.k, task.part, task.source, task.val_threshold)
+    train = ~val
+    if task.cutoff is not None:
+        q = order.keyed(hashes, order.salt(seed=task.seed, purpose="select", source=task.src))
+        train &= is_val(hashes=q, input_ordinal=task.part.input_ordinal, rows=docs.rows, threshold=task.cutoff)
+    pieces = []
+    if task.with_val and val.any():
+        keys = order.keyed(hashes[val], order.salt(seed=task.seed, purpose="val", source=task.src))
+        pieces.append((val, order.sort_keys(keys, "val"), 0))
+    keys = order.keyed(hashes[train], order.salt(seed=task.seed, purpose="train", source=task.src, epoch=task.epoch))
+    pieces.append((train, order.sort_keys(keys, "train"), task.epoch))
+    frames = []
+    for mask, keys, epoch in pieces:
+        n = int(mask.sum())
+        frames.append(pd.DataFrame({
+            "key": keys, "src": np.full(n, task.src, np.int16), "epoch": np.full(n, epoch, np.int32),
+            "input": np.full(n, task.part.input_ordinal, np.int32), "row": docs.rows[mask],
+            "part": np.full(n, task.k, np.int32), "start": docs.starts[mask], "length": docs.lengths[mask]}))
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def finish_bucket(frame: pd.DataFrame) -> pd.DataFrame:
+    """A bucket in its final order: by the full key, so equal position keys never depend on
+    which task's rows arrived first."""
+    frame = frame.reset_index().sort_values(list(order.SORT_COLUMNS), kind="stable")
+    return frame[list(BUCKET_COLUMNS)].reset_index(drop=True)
+
+
+def bucket_counts(frame: pd.DataFrame) -> tuple[int, int]:
+    return len(frame), int(frame["length"].sum())
+
+
+# -- worker side: writing ---------------------------------------------------------------------------
+class BucketView:
+    """One bucket's documents as a contiguous stream, read from the part files they came from."""
+
+    def __init__(self, frame: pd.DataFrame, files: list[PartitionFiles]):
+        self.files = files
+        self.src = frame["src"].to_numpy()
+        self.part = frame["part"].to_numpy()
+        self.start = frame["start"].to_numpy()
+        self.length = frame["length"].to_numpy()
+        self.cum = np.concatenate([[0], np.cumsum(self.length)]).astype(np.int64)
+
+    def tokens(self, split: str, lo: int, hi: int) -> np.ndarray:
+        cum, length = self.cum, self.length
+        d0 = int(np.searchsorted(cum, lo, side="right")) - 1
+        d1 = int(np.searchsorted(cum, hi, side="left"))
+        a = self.start[d0:d1] + np.maximum(lo - cum[d0:d1], 0)
+        b = self.start[d0:d1] + np.minimum(hi - cum[d0:d1], length[d0:d1])
+        return gather(self.files, self.src[d0:d1], self.part[d0:d1], a, b)
+
+    def lengths(self, split: str, lo: int, hi: int) -> np.ndarray:
+        lengths = self.length[lo:hi]
+        if len(lengths) and lengths.max() > np.iinfo(np.int32).max:
+            raise UserError(f"a document of {lengths.max():,} tokens does not fit Megatron's int32 sequence lengths")
+        return lengths.astype("<i4")
+
+    def pointers(self, split: str, lo: int, hi: int, base: int, itemsize: int) -> np.ndarray:
+        return (base + self.cum[lo:hi] * itemsize).astype("<i8")
+
+
+def coalesce(a: np.ndarray, b: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ranges [a, b) sorted by a → (merged starts, merged ends, which merged range holds each),
+    joining ranges less than ``gap`` apart."""
+    if len(a) == 0:
+        return a, b, np.zeros(0, np.int64)
+    reach = np.maximum.accumulate(b)
+    new = np.r_[True, a[1:] - reach[:-1] >= gap]
+    group = np.cumsum(new) - 1
+    starts = a[new]
+    ends = np.maximum.reduceat(b, np.flatnonzero(new))
+    return starts, ends, group
+
+
+def gather(files: list[PartitionFiles], src: np.ndarray, part: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Token ranges [a, b) of (run src, partition part), concatenated in the order given. Reads
+    are grouped by file and nearby ranges joined, so a task sends one batch of requests per run."""
+    n = b - a
+    offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
+    dtype = files[int(src[0])].dtype if len(src) else np.dtype("<u2")
+    out = np.empty(int(offsets[-1]), dtype)
+    for s in np.unique(src).tolist():
+        pf = files[s]
+        mine = np.flatnonzero(src == s)
+        by_file = mine[np.lexsort((a[mine], part[mine]))]
+        ranges, members = [], []
+        gap = GAP_BYTES // pf.dtype.itemsize
+        p_sorted = part[by_file]
+        cuts = np.flatnonzero(np.r_[True, p_sorted[1:] != p_sorted[:-1], True])
+        for g0, g1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            idx = by_file[g0:g1]
+            k = int(part[idx[0]])
+            starts, ends, group = coalesce(a[idx], b[idx], gap)
+            base = len(ranges)
+            ranges.extend((k, int(x), int(y)) for x, y in zip(starts.tolist(), ends.tolist()))
+            members.append((idx, group + base, starts[group]))
+        arrays = pf.token_ranges(ranges)
+        for idx, group, range_start in members:
+            for i, g, r0 in zip(idx.tolist(), group.tolist(), range_start.tolist()):
+                lo = int(a[i]) - r0
+                out[offsets[i]:offsets[i + 1]] = arrays[g][lo:lo + int(n[i])]
+    return out
+
+
+def write_shuffled_chunk(chunk: Chunk, target: Target, buckets: dict, *, catalog: Catalog,
+                         dest_storage_options: dict) -> tuple[str, int, str]:
+    """Worker task: render one chunk from its buckets' rows, put it in place."""
+    files = catalog.files()
+    views: dict = {}
+
+    def view(k: int, split: str) -> BucketView:
+        if (split, k) not in views:
+            views[(split, k)] = BucketView(buckets[(split, k)], files)
+        return views[(split, k)]
+
+    return put_chunk(render(chunk, view), chunk, target, dest_storage_options=dest_storage_options)
+
+
+def chunk_buckets(chunk: Chunk) -> set[tuple[str, int]]:
+    return {(op[2], op[1]) for _, _, ops in chunk.segments for op in ops if op[0] in ("tokens", "lengths", "pointers")}
+
+
+# -- client side -------------------------------------------------------------------------------------
+def _explain(what: str) -> Callable[[Exception], UserError]:
+    return lambda e: UserError(f"{what} failed: {type(e).__name__}: {e}")
+
+
+def _sum(*arrays: np.ndarray) -> np.ndarray:
+    return np.sum(arrays, axis=0)
+
+
+def topup_cutoff(client: Client, parts: list[PartInfo], *, src: int, source: Source, val_threshold: Threshold | None,
+                 seed: int, need: int) -> tuple[Threshold, int, int]:
+    """(cut, documents, tokens) of the shortest prefix of run ``src``'s selection order holding
+    at least ``need`` train tokens."""
+    kw = dict(source=source, val_threshold=val_threshold, seed=seed)
+    what = f"choosing the documents of {source.out}"
+    leaves = runner.submit(client, select_histogram, [src] * len(parts), range(len(parts)), parts, **kw)
+    hist = runner.result_of(client, runner.reduce_tree(client, leaves, _sum), also_cancel=leaves, explain=_explain(what))
+    cum = np.cumsum(hist[1])
+    b = int(np.searchsorted(cum, need, side="left"))
+    docs_before = int(hist[0][:b].sum())
+    tokens_before = int(cum[b - 1]) if b else 0
+    rest = need - tokens_before
+    leaves = runner.submit(client, select_candidates, [src] * len(parts), range(len(parts)), parts, bin=b, need=rest, **kw)
+    final = runner.result_of(client, runner.reduce_tree(client, leaves, valsplit.merge, val_tokens=rest),
+                             also_cancel=leaves, explain=_explain(what))
+    last = final[-1]
+    cut = Threshold(hash=int(last["hash"]), input=int(last["input"]), row=int(last["row"]))
+    return cut, docs_before + len(final), tokens_before + int(final["length"].sum())
+
+
+def sort_frame(client: Client, tasks: list[FrameTask], divisions: list[int]) -> list:
+    """Futures of the buckets, in order: Dask's shuffle moves rows to key ranges, then each
+    bucket is sorted by the full key."""
+    import dask.dataframe as dd
+
+    meta = pd.DataFrame({c: pd.Series(dtype=t) for c, t in FRAME_COLUMNS.items()})
+    frame = dd.from_map(doc_frame, tasks, meta=meta, enforce_metadata=False, label="tokenshards-order")
+    ranged = frame.set_index("key", divisions=divisions)
+    bucket_meta = meta[list(BUCKET_COLUMNS)]
+    return client.compute(ranged.map_partitions(finish_bucket, meta=bucket_meta).to_delayed())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One input run of a shuffled export, as the client plans it."""
+
+    index: int
+    path: str
+    manifest: dict
+    source: Source
+    parts: list[PartInfo]
+
+    @property
+    def tokens(self) -> int:
+        return sum(int(p.entry["tokens"]) for p in self.parts)
+
+
+def open_runs(config) -> list[Run]:
+    """Every run of the export; they must agree on what a token is and where eot goes."""
+    runs = []
+    for i, path in enumerate(config.runs):
+        _, _, manifest = open_manifest(path, config.storage_options)
+        entries = sorted(manifest["partitions"], key=lambda e: e["index"])
+        ordinal = {x["path"]: n for n, x in enumerate(manifest["inputs"])}
+        parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e["input"], -1)) for e in entries]
+        source = Source(out=path, storage_options=config.storage_options, dtype=manifest["encoding"]["dtype"])
+        runs.append(Run(index=i, path=path, manifest=manifest, source=source, parts=parts))
+    first = runs[0]
+    for run in runs[1:]:
+        for key in ("encoding", "eot_position"):
+            if run.manifest.get(key) != first.manifest.get(key):
+                raise UserError(f"{first.path} and {run.path} differ in {key} ({first.manifest.get(key)} vs "
+                                f"{run.manifest.get(key)}); mix only runs tokenized with the same encoding and --eot")
+    return runs
+
+
+def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
+    """``export --shuffle`` and mixtures of several runs; see the module docstring."""
+    from .job import RECORD_FORMAT, ExportSummary, _prepare_dest, _val_candidates, _write_files
+
+    t0 = time.perf_counter()
+    runs = open_runs(config)
+    names = [r.path for r in runs]
+    dtype = formats.output_dtype(config.format, runs[0].manifest["encoding"]["dtype"])
+    sizes = [r.tokens for r in runs]
+    given = config.weights
+    val_weights = mix.weights_of(given, sizes, names)
+    val_split = mix.split_val(config.val_tokens, val_weights)
+    for run, want, size in zip(runs, val_split, sizes):
+        if want and want >= size:
+            raise UserError(f"--val-tokens {config.val_tokens:,} asks {want:,} validation tokens of {run.path}, which holds "
+                            f"{size:,}; pass a smaller --val-tokens (or 0 for no validation set)")
+
+    dest_fs, dest_root = filesystem(config.to, config.storage_options)
+    kind = target_kind(dest_fs)
+    check_bucket(dest_fs, dest_root, config.to, what="export destination")
+    _prepare_dest(dest_fs, dest_root, config)
+    seed = config.seed or 0
+
+    with runner.connect_to(config, announce=announce) as client:
+        thresholds: list[Threshold | None] = []
+        for n, (run, want) in enumerate(zip(runs, val_split)):
+            threshold = None
+            if want:
+                final = _val_candidates(client, run.parts, source=run.source, val_tokens=want)
+                threshold, vd, vt = valsplit.choose(final, n_parts=len(run.parts))
+                parts = [dataclasses.replace(p, val_docs=int(d), val_tokens=int(t)) for p, d, t in zip(run.parts, vd, vt)]
+                runs[n] = run = dataclasses.replace(run, parts=parts)
+            thresholds.append(threshold)
+        val = [(sum(p.val_docs for p in r.parts), sum(p.val_tokens for p in r.parts)) for r in runs]
+        available = [size - vt for size, (_, vt) in zip(sizes, val)]
+        docs = [sum(int(p.entry["docs"]) - p.val_docs for p in r.parts) for r in runs]
+        weights = mix.weights_of(given, available, names)
+        total = config.tokens if config.tokens is not None else mix.default_total(available, weights)
+        shares = mix.shares(available=available, weights=weights, total=total, runs=names)
+
+        tasks: list[FrameTask] = []
+        taken = []
+        for run, share, threshold, d in zip(runs, shares, thresholds, docs):
+            cutoff, top_docs, top_tokens = None, 0, 0
+            if share.remainder:
+                cutoff, top_docs, top_tokens = topup_cutoff(client, run.parts, src=run.index, source=run.source,
+                                                            val_threshold=threshold, seed=seed, need=share.remainder)
+            taken.append((share.epochs * d + top_docs, share.epochs * share.available + top_tokens))
+            epochs = [(e, None) for e in range(share.epochs)] + ([(share.epochs, cutoff)] if cutoff else [])
+            for k, part in enumerate(run.parts):
+                for e, cut in epochs:
+                    tasks.append(FrameTask(src=run.index, k=k, part=part, source=run.source, val_threshold=threshold,
+                                           seed=seed, epoch=e, with_val=e == 0, cutoff=cut))
+
+        per_bucket = max(1, config.chunk_bytes // np.dtype(dtype).itemsize)
+        val_tokens = sum(vt for _, vt in val)
+        train_tokens = sum(t for _, t in taken)
+        n_val = min(MAX_BUCKETS, math.ceil(val_tokens / per_bucket)) if val_tokens else 0
+        n_train = min(MAX_BUCKETS, max(1, math.ceil(train_tokens / per_bucket)))
+        announce(f"ordering {sum(t for t, _ in taken) + sum(d for d, _ in val):,} documents of {len(runs)} run(s) "
+                 f"(seed {seed}) into {n_val + n_train} buckets")
+        buckets = sort_frame(client, tasks, order.divisions(val_buckets=n_val, train_buckets=n_train))
+        try:
+            names = [f"bucket {b} of the order" for b in range(len(buckets))]
+            counts = runner.gather(client, runner.submit(client, bucket_counts, buckets), names,
+                                   explain=lambda name, e: UserError(f"ordering documents ({name}) failed: {type(e).__name__}: {e}"))
+            counts = np.array(counts, dtype=np.int64).reshape(-1, 2)
+
+            def bounds(x):
+                return np.concatenate([[0], np.cumsum(x, dtype=np.int64)]).astype(np.int64)
+
+            streams = Streams(doc_bounds={"val": bounds(counts[:n_val, 0]), "train": bounds(counts[n_val:, 0])},
+                              token_bounds={"val": bounds(counts[:n_val, 1]), "train": bounds(counts[n_val:, 1])})
+            if (streams.docs("val"), streams.tokens("val")) != tuple(map(sum, zip(*val))) and val_tokens:
+                raise RuntimeError(f"ordered {streams.docs('val')} validation documents, planned {sum(d for d, _ in val)}")
+            if streams.tokens("train") != train_tokens:
+                raise RuntimeError(f"ordered {streams.tokens('train')} train tokens, planned {train_tokens}")
+            announce(f"validation: {streams.docs('val'):,} documents, {streams.tokens('val'):,} tokens; "
+                     f"train: {streams.docs('train'):,} documents, {streams.tokens('train'):,} tokens")
+            files = formats.shard_files(fmt=config.format, prefix=config.name_prefix, streams=streams,
+                                        shard_tokens=config.shard_size, dtype=dtype)
+            catalog = client.scatter(Catalog(sources=tuple(r.source for r in runs),
+                                             entries=tuple(tuple(p.entry for p in r.parts) for r in runs)), hash=False)
+            by_name = {("val", b): buckets[b] for b in range(n_val)}
+            by_name.update({("train", b): buckets[n_val + b] for b in range(n_train)})
+
+            def submit(chunks: list[Chunk], targets: list[Target]):
+                needed = [{name: by_name[name] for name in sorted(chunk_buckets(c))} for c in chunks]
+                return runner.submit(client, write_shuffled_chunk, chunks, targets, needed, catalog=catalog,
+                                     dest_storage_options=config.storage_options)
+
+            _write_files(client, files, streams, submit=submit, dest_fs=dest_fs, dest_root=dest_root, kind=kind,
+                         config=config, announce=announce)
+        finally:
+            # Released, not cancelled: cancelling finished futures that finished tasks consumed trips
+            # an assertion in distributed's scheduler (see cluster/runner.result_of).
+            for future in buckets:
+                future.release()
+
+    record = {
+        "format": RECORD_FORMAT,
+        "export_format": config.format,
+        "source": runs[0].path if len(runs) == 1 else None,
+        "encoding": runs[0].manifest["encoding"],
+        "eot_position": runs[0].manifest.get("eot_position"),
+        "dtype": dtype,
+        "shard_tokens": config.shard_size if config.format in ("llmc", "npy") else None,
+        "val_tokens_requested": config.val_tokens,
+        "val_selection": "per run, whole documents with the smallest blake2b-64(id), ties by (input, row), until its "
+                         "share of val_tokens (by weight) is reached",
+        "order": {"shuffle": True, "seed": seed,
+                  "key": "murmur3 fmix64(blake2b-64(id) xor salt(seed, split, run, epoch)), ties by (run, epoch, input, row)"},
+        "tokens_requested": config.tokens,
+        "train_tokens_target": total,
+        "sources": [{"path": r.path, "source_job": r.manifest.get("job"), "weight": float(s.weight),
+                     "tokens": t, "documents": d, "epochs": round(t / s.available, 6), "full_epochs": s.epochs,
+                     "val_tokens": vt, "val_documents": vd}
+                    for r, s, (d, t), (vd, vt) in zip(runs, shares, taken, val)],
+        "splits": {s: {"docs": streams.docs(s), "tokens": streams.tokens(s)} for s in ("val", "train")},
+        "files": [{"name": f.name, "split": f.split, "tokens": f.tokens, "bytes": f.nbytes} for f in files],
+    }
+    write_json(dest_fs, join(dest_root, formats.record_name(config.format, config.name_prefix)), record)
+    return ExportSummary(to=config.to, files=[f.name for f in files], val_docs=streams.docs("val"),
+                         val_tokens=streams.tokens("val"), train_docs=streams.docs("train"),
+                         train_tokens=streams.tokens("train"), seconds=time.perf_counter() - t0)
