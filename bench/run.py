@@ -8,8 +8,12 @@ copies of their loops, marked as such in the results); the corpus is ../shared/b
 when it can be built, else the demo corpus scaled up.
 
     python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--memory-scale 4]
+    python bench/run.py --export-only OUT [--repeats 3]   # only the export targets, on a finished run
 
-Writes bench/results.json.
+Export targets (issue 15): ``export --shuffle`` takes at most 2x an unshuffled export of the same
+run, and its peak memory (process tree) stays flat when the run is 4x larger.
+
+Writes bench/results.json (``--export-only``: bench/results-export.json).
 """
 from __future__ import annotations
 
@@ -101,7 +105,7 @@ class PeakTreeRSS:
         return self.peak
 
 
-def run_ours(corpus: Path, workers: int, backend: str, scratch: Path) -> dict:
+def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool = False) -> dict:
     out = scratch / f"out-{backend}"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [str(BIN / "tokenshards"), "tokenize", "--input", str(corpus), "--out", str(out), "--workers", str(workers),
@@ -116,9 +120,84 @@ def run_ours(corpus: Path, workers: int, backend: str, scratch: Path) -> dict:
         raise SystemExit(f"tokenshards failed:\n{stderr}")
     tokens = int(re.search(r"([\d,]+) tokens", stdout).group(1).replace(",", ""))
     phase = float(re.search(r"tokenizing phase ([\d.]+) s", stdout).group(1))
-    shutil.rmtree(out, ignore_errors=True)
-    return {"tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall, "phase_seconds": phase,
+    if not keep:
+        shutil.rmtree(out, ignore_errors=True)
+    return {"out": str(out), "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall, "phase_seconds": phase,
             "phase_tokens_per_s": tokens / phase, "peak_rss_bytes": peak}
+
+
+def run_export(out: Path, workers: int, scratch: Path, *, shuffle: bool) -> dict:
+    """One whole ``tokenshards export --format llmc`` command: wall time and peak tree memory."""
+    dest = scratch / ("export-shuffled" if shuffle else "export")
+    shutil.rmtree(dest, ignore_errors=True)
+    cmd = [str(BIN / "tokenshards"), "export", str(out), "--format", "llmc", "--to", str(dest), "--workers", str(workers),
+           "--dashboard-address", ":0"] + (["--shuffle"] if shuffle else [])
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    meter = PeakTreeRSS(proc.pid)
+    stdout, stderr = proc.communicate()
+    wall = time.perf_counter() - t0
+    peak = meter.stop()
+    if proc.returncode:
+        raise SystemExit(f"tokenshards export failed:\n{stderr}")
+    shutil.rmtree(dest, ignore_errors=True)
+    tokens = sum(int(n.replace(",", "")) for n in re.findall(r"([\d,]+) tokens", stdout.splitlines()[-2]))
+    return {"tokens": tokens, "seconds": wall, "peak_rss_bytes": peak}
+
+
+def replicate_run(src: Path, dest: Path, times: int) -> Path:
+    """A finished run ``times`` as large as ``src``: every partition again under other ids and
+    input names (token files hard-linked where possible), so export's memory can be checked on
+    a larger run without tokenizing more text."""
+    if (dest / "manifest.json").exists():
+        return dest
+    manifest = json.loads((src / "manifest.json").read_text())
+    parts = sorted(manifest["partitions"], key=lambda e: e["index"])
+    (dest / "parts").mkdir(parents=True, exist_ok=True)
+    entries, inputs = [], []
+    for copy in range(times):
+        inputs += [{**i, "path": f"{i['path']}#copy{copy}"} for i in manifest["inputs"]]
+        for e in parts:
+            n = len(entries)
+            names = {"tokens_file": f"parts/part-{n:05d}.tokens.npy", "docs_file": f"parts/part-{n:05d}.docs.parquet"}
+            try:
+                os.link(src / e["tokens_file"], dest / names["tokens_file"])
+            except OSError:
+                shutil.copyfile(src / e["tokens_file"], dest / names["tokens_file"])
+            table = pq.read_table(src / e["docs_file"])
+            ids = pa.array([f"{x}#copy{copy}" for x in table.column("id").to_pylist()], pa.string())
+            pq.write_table(table.set_column(table.schema.get_field_index("id"), "id", ids), dest / names["docs_file"])
+            entries.append({**e, **names, "index": n, "input": f"{e['input']}#copy{copy}"})
+    totals = {k: sum(int(e[k]) for e in entries) for k in manifest["totals"]}
+    (dest / "manifest.json").write_text(json.dumps({**manifest, "inputs": inputs, "partitions": entries, "totals": totals}))
+    return dest
+
+
+def export_targets(small: Path, big: Path, workers: int, repeats: int, scratch: Path) -> dict:
+    """Unshuffled and shuffled exports of ``small`` interleaved; one shuffled export of ``big``."""
+    plain, shuffled = [], []
+    for r in range(repeats):
+        plain.append(run_export(small, workers, scratch, shuffle=False))
+        shuffled.append(run_export(small, workers, scratch, shuffle=True))
+        print(f"export repeat {r + 1}/{repeats}: unshuffled {plain[-1]['seconds']:.1f} s, shuffled {shuffled[-1]['seconds']:.1f} s",
+              file=sys.stderr)
+    big_run = run_export(big, workers, scratch, shuffle=True)
+    ratio = median(shuffled, "seconds") / median(plain, "seconds")
+    growth = big_run["peak_rss_bytes"] / median(shuffled, "peak_rss_bytes")
+    return {"runs": {"unshuffled": plain, "shuffled": shuffled, "shuffled_larger_run": big_run},
+            "tokens": [plain[0]["tokens"], big_run["tokens"]],
+            "shuffled_vs_unshuffled_time": ratio, "target_time": 2.0, "time_ok": ratio <= 2.0,
+            "shuffled_peak_rss_bytes": [median(shuffled, "peak_rss_bytes"), big_run["peak_rss_bytes"]],
+            "memory_growth": growth, "memory_ok": growth <= 1.25}
+
+
+def print_export(e: dict) -> None:
+    small, big = e["tokens"]
+    print(f"export --shuffle vs unshuffled (llmc, {small:,} tokens): x{e['shuffled_vs_unshuffled_time']:.2f} time "
+          f"(target <= 2: {'ok' if e['time_ok'] else 'MISSED'})")
+    print(f"export --shuffle peak RSS at {small:,} vs {big:,} tokens: {e['shuffled_peak_rss_bytes'][0] / 1e6:.0f} MB vs "
+          f"{e['shuffled_peak_rss_bytes'][1] / 1e6:.0f} MB, x{e['memory_growth']:.2f} (target flat, <= 1.25: "
+          f"{'ok' if e['memory_ok'] else 'MISSED'})")
 
 
 def tiktoken_env(encoding: str) -> dict:
@@ -153,8 +232,22 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--memory-scale", type=float, default=4, help="second corpus size for the memory check (x --mb)")
     ap.add_argument("--corpus-dir", type=Path, default=HERE / "corpus")
-    ap.add_argument("--out", type=Path, default=HERE / "results.json")
+    ap.add_argument("--out", type=Path, default=None, help="default bench/results.json (results-export.json)")
+    ap.add_argument("--export-only", type=Path, metavar="RUN", help="measure only the export targets on this finished run")
+    ap.add_argument("--skip-export", action="store_true", help="leave out the export targets")
     a = ap.parse_args()
+    if a.export_only:
+        a.out = a.out or HERE / "results-export.json"
+        with tempfile.TemporaryDirectory(prefix="tokenshards-bench-") as tmp:
+            big = replicate_run(a.export_only, Path(tmp) / "larger-run", round(a.memory_scale))
+            results = {"run": str(a.export_only), "workers": a.workers, "repeats": a.repeats,
+                       "larger_run": f"{a.export_only} x{round(a.memory_scale)} (replicate_run)",
+                       "export": export_targets(a.export_only, big, a.workers, a.repeats, Path(tmp))}
+        a.out.write_text(json.dumps(results, indent=1) + "\n")
+        print_export(results["export"])
+        print(f"written to {a.out}")
+        return
+    a.out = a.out or HERE / "results.json"
     if not (SHARED / "raw_limit.py").exists():
         raise SystemExit(f"{SHARED}/raw_limit.py not found: the ceiling and baseline scripts live in shared/bench")
 
@@ -173,7 +266,8 @@ def main() -> None:
         scratch = Path(tmp)
         for r in range(a.repeats):
             for b in backends:
-                runs[f"ours_{b}"].append(run_ours(corpus, a.workers, b, scratch))
+                keep = b == default and r == a.repeats - 1 and not a.skip_export  # the run the export targets read
+                runs[f"ours_{b}"].append(run_ours(corpus, a.workers, b, scratch, keep=keep))
             runs["ceiling"].append(run_script("raw_limit.py", [glob_arg, "--procs", str(a.workers)]))
             runs["baseline"].append(run_script("peer_mp_pool.py", [glob_arg, str(scratch / "peer"), "--procs", str(a.workers)]))
             shutil.rmtree(scratch / "peer", ignore_errors=True)
@@ -183,18 +277,25 @@ def main() -> None:
         if a.memory_scale:
             big, _ = build_corpus(a.corpus_dir / f"{a.mb * a.memory_scale:g}mb", a.mb * a.memory_scale)
             small_peak = median(runs[f"ours_{default}"], "peak_rss_bytes")
-            big_run = run_ours(big, a.workers, default, scratch)
+            if not a.skip_export:  # the smaller run moves aside for the export targets; the larger one is kept too
+                Path(runs[f"ours_{default}"][-1]["out"]).rename(scratch / "export-small-run")
+            big_run = run_ours(big, a.workers, default, scratch, keep=not a.skip_export)
             big_peak = big_run["peak_rss_bytes"]
             memory = {"backend": default, "corpus_mb": [a.mb, a.mb * a.memory_scale],
                       "peak_rss_bytes": [small_peak, big_peak], "growth": big_peak / small_peak,
                       "larger_corpus_run": big_run}
+        export = {}
+        if not a.skip_export:
+            small_out = scratch / "export-small-run" if a.memory_scale else Path(runs[f"ours_{default}"][-1]["out"])
+            big_out = Path(memory["larger_corpus_run"]["out"]) if memory else replicate_run(small_out, scratch / "larger-run", 4)
+            export = export_targets(small_out, big_out, a.workers, a.repeats, scratch)
 
     ceiling = median(runs["ceiling"], "tokens_per_s")
     baseline = median(runs["baseline"], "tokens_per_s")
     results = {
         "corpus": {"mb": a.mb, "files": len(files), "source": source}, "workers": a.workers, "repeats": a.repeats,
         "medians_tokens_per_s": {k: median(v, "tokens_per_s") for k, v in runs.items()},
-        "ratios": {}, "memory": memory, "runs": runs,
+        "ratios": {}, "memory": memory, "export": export, "runs": runs,
     }
     for b in backends:
         ours = runs[f"ours_{b}"]
@@ -220,6 +321,8 @@ def main() -> None:
         print(f"tokenshards --backend {default} on {a.mb * a.memory_scale:g} MB (one run): whole command "
               f"{big_run['tokens_per_s'] / ceiling:.2f} of ceiling, tokenizing phase {big_run['phase_tokens_per_s'] / ceiling:.2f}")
         print(f"peak RSS (--backend {default}) at {a.mb:g} MB vs {a.mb * a.memory_scale:g} MB of text: x{memory['growth']:.2f}")
+    if export:
+        print_export(export)
     print(f"written to {a.out}")
 
 

@@ -28,7 +28,8 @@ from distributed import Client
 from ..cluster import runner
 from ..errors import UserError
 from ..format.reader import PartitionFiles, open_manifest
-from ..storage.store import check_bucket, filesystem, join, write_json
+from ..format.v1 import Manifest, PartitionEntry
+from ..storage.store import check_bucket, filesystem, is_local, join, write_json
 from . import formats, mix, order, valsplit
 from .layout import Chunk, Streams
 from .valsplit import Threshold, id_hashes, is_val
@@ -38,6 +39,8 @@ SELECT_BITS = 12
 """The cut of a partial epoch is found in two passes: which of 2**12 key bins, then where in it."""
 GAP_BYTES = 1 << 20
 """Reading a gap this small costs less than another request to S3."""
+LOCAL_GAP_BYTES = 1 << 14
+READ_BATCH_BYTES = 32 << 20
 MAX_BUCKETS = 16_384
 FRAME_COLUMNS = {"key": "int64", "src": "int16", "epoch": "int32", "input": "int32", "row": "int64",
                  "part": "int32", "start": "int64", "length": "int64"}
@@ -65,7 +68,7 @@ class Catalog:
     """Every run's part files (scattered once; each writer task reads what its buckets name)."""
 
     sources: tuple[Source, ...]
-    entries: tuple[tuple[dict, ...], ...]
+    entries: tuple[tuple[PartitionEntry, ...], ...]
 
     def files(self) -> list[PartitionFiles]:
         out = []
@@ -85,7 +88,7 @@ def _train_docs(src: int, k: int, part: PartInfo, source: Source, val_threshold:
     val = is_val(hashes=hashes, input_ordinal=part.input_ordinal, rows=docs.rows, threshold=val_threshold)
     got = (int(val.sum()), int(docs.lengths[val].sum()))
     if got != (part.val_docs, part.val_tokens):
-        raise UserError(f"{part.entry['docs_file']}: {got[0]} validation documents ({got[1]} tokens) now, "
+        raise UserError(f"{part.entry.docs_file}: {got[0]} validation documents ({got[1]} tokens) now, "
                         f"{part.val_docs} ({part.val_tokens}) when the export was planned; did {source.out} change? rerun export")
     return docs, hashes, val
 
@@ -189,32 +192,44 @@ def coalesce(a: np.ndarray, b: np.ndarray, gap: int) -> tuple[np.ndarray, np.nda
 
 
 def gather(files: list[PartitionFiles], src: np.ndarray, part: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Token ranges [a, b) of (run src, partition part), concatenated in the order given. Reads
-    are grouped by file and nearby ranges joined, so a task sends one batch of requests per run."""
+    """Token ranges [a, b) of (run src, partition part), concatenated in the order given.
+
+    Reads go file by file, nearby ranges joined (``GAP_BYTES`` on S3, ``LOCAL_GAP_BYTES`` on a
+    local disk), in batches of about ``READ_BATCH_BYTES`` (one concurrent request batch on S3):
+    a task holds its output and one batch, however large the run."""
     n = b - a
     offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
     dtype = files[int(src[0])].dtype if len(src) else np.dtype("<u2")
     out = np.empty(int(offsets[-1]), dtype)
-    for s in np.unique(src).tolist():
+    by_file = np.lexsort((a, part, src))
+    key = src.astype(np.int64)[by_file] * (1 << 32) + part[by_file]
+    cuts = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
+    batch: dict[int, list] = {}
+    held = 0
+
+    def flush():
+        for s, groups in batch.items():
+            arrays = files[s].token_ranges([r for _, _, ranges in groups for r in ranges])
+            base = 0
+            for idx, group, ranges in groups:
+                for i, g in zip(idx.tolist(), group.tolist()):
+                    lo = int(a[i]) - ranges[g][1]
+                    out[offsets[i]:offsets[i + 1]] = arrays[base + g][lo:lo + int(n[i])]
+                base += len(ranges)
+        batch.clear()
+
+    for g0, g1 in zip(cuts[:-1], cuts[1:]):
+        idx = by_file[g0:g1]
+        s, k = int(src[idx[0]]), int(part[idx[0]])
         pf = files[s]
-        mine = np.flatnonzero(src == s)
-        by_file = mine[np.lexsort((a[mine], part[mine]))]
-        ranges, members = [], []
-        gap = GAP_BYTES // pf.dtype.itemsize
-        p_sorted = part[by_file]
-        cuts = np.flatnonzero(np.r_[True, p_sorted[1:] != p_sorted[:-1], True])
-        for g0, g1 in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
-            idx = by_file[g0:g1]
-            k = int(part[idx[0]])
-            starts, ends, group = coalesce(a[idx], b[idx], gap)
-            base = len(ranges)
-            ranges.extend((k, int(x), int(y)) for x, y in zip(starts.tolist(), ends.tolist()))
-            members.append((idx, group + base, starts[group]))
-        arrays = pf.token_ranges(ranges)
-        for idx, group, range_start in members:
-            for i, g, r0 in zip(idx.tolist(), group.tolist(), range_start.tolist()):
-                lo = int(a[i]) - r0
-                out[offsets[i]:offsets[i + 1]] = arrays[g][lo:lo + int(n[i])]
+        gap = (LOCAL_GAP_BYTES if is_local(pf.fs) else GAP_BYTES) // pf.dtype.itemsize
+        starts, ends, group = coalesce(a[idx], b[idx], gap)
+        batch.setdefault(s, []).append((idx, group, [(k, int(x), int(y)) for x, y in zip(starts.tolist(), ends.tolist())]))
+        held += int((ends - starts).sum()) * pf.dtype.itemsize
+        if held >= READ_BATCH_BYTES:
+            flush()
+            held = 0
+    flush()
     return out
 
 
@@ -284,13 +299,13 @@ class Run:
 
     index: int
     path: str
-    manifest: dict
+    manifest: Manifest
     source: Source
     parts: list[PartInfo]
 
     @property
     def tokens(self) -> int:
-        return sum(int(p.entry["tokens"]) for p in self.parts)
+        return sum(p.entry.tokens for p in self.parts)
 
 
 def open_runs(config) -> list[Run]:
@@ -298,17 +313,18 @@ def open_runs(config) -> list[Run]:
     runs = []
     for i, path in enumerate(config.runs):
         _, _, manifest = open_manifest(path, config.storage_options)
-        entries = sorted(manifest["partitions"], key=lambda e: e["index"])
-        ordinal = {x["path"]: n for n, x in enumerate(manifest["inputs"])}
-        parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e["input"], -1)) for e in entries]
-        source = Source(out=path, storage_options=config.storage_options, dtype=manifest["encoding"]["dtype"])
+        entries = manifest.by_index()
+        ordinal = {x["path"]: n for n, x in enumerate(manifest.inputs)}
+        parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
+        source = Source(out=path, storage_options=config.storage_options, dtype=manifest.encoding.dtype)
         runs.append(Run(index=i, path=path, manifest=manifest, source=source, parts=parts))
     first = runs[0]
     for run in runs[1:]:
-        for key in ("encoding", "eot_position"):
-            if run.manifest.get(key) != first.manifest.get(key):
-                raise UserError(f"{first.path} and {run.path} differ in {key} ({first.manifest.get(key)} vs "
-                                f"{run.manifest.get(key)}); mix only runs tokenized with the same encoding and --eot")
+        for key, ours, theirs in (("encoding", first.manifest.encoding.to_dict(), run.manifest.encoding.to_dict()),
+                                  ("eot_position", first.manifest.eot_position, run.manifest.eot_position)):
+            if ours != theirs:
+                raise UserError(f"{first.path} and {run.path} differ in {key} ({ours} vs {theirs}); "
+                                "mix only runs tokenized with the same encoding and --eot")
     return runs
 
 
@@ -319,7 +335,7 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
     t0 = time.perf_counter()
     runs = open_runs(config)
     names = [r.path for r in runs]
-    dtype = formats.output_dtype(config.format, runs[0].manifest["encoding"]["dtype"])
+    dtype = formats.output_dtype(config.format, runs[0].manifest.encoding.dtype)
     sizes = [r.tokens for r in runs]
     given = config.weights
     val_weights = mix.weights_of(given, sizes, names)
@@ -347,7 +363,7 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
             thresholds.append(threshold)
         val = [(sum(p.val_docs for p in r.parts), sum(p.val_tokens for p in r.parts)) for r in runs]
         available = [size - vt for size, (_, vt) in zip(sizes, val)]
-        docs = [sum(int(p.entry["docs"]) - p.val_docs for p in r.parts) for r in runs]
+        docs = [sum(p.entry.docs - p.val_docs for p in r.parts) for r in runs]
         weights = mix.weights_of(given, available, names)
         total = config.tokens if config.tokens is not None else mix.default_total(available, weights)
         shares = mix.shares(available=available, weights=weights, total=total, runs=names)
@@ -415,8 +431,8 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
         "format": RECORD_FORMAT,
         "export_format": config.format,
         "source": runs[0].path if len(runs) == 1 else None,
-        "encoding": runs[0].manifest["encoding"],
-        "eot_position": runs[0].manifest.get("eot_position"),
+        "encoding": runs[0].manifest.encoding.to_dict(),
+        "eot_position": runs[0].manifest.eot_position,
         "dtype": dtype,
         "shard_tokens": config.shard_size if config.format in ("llmc", "npy") else None,
         "val_tokens_requested": config.val_tokens,
@@ -426,7 +442,7 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
                   "key": "murmur3 fmix64(blake2b-64(id) xor salt(seed, split, run, epoch)), ties by (run, epoch, input, row)"},
         "tokens_requested": config.tokens,
         "train_tokens_target": total,
-        "sources": [{"path": r.path, "source_job": r.manifest.get("job"), "weight": float(s.weight),
+        "sources": [{"path": r.path, "source_job": r.manifest.job, "weight": float(s.weight),
                      "tokens": t, "documents": d, "epochs": round(t / s.available, 6), "full_epochs": s.epochs,
                      "val_tokens": vt, "val_documents": vd}
                     for r, s, (d, t), (vd, vt) in zip(runs, shares, taken, val)],

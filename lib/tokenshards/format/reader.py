@@ -6,6 +6,7 @@ range read, so opening a dataset costs one small object and nothing is downloade
 """
 from __future__ import annotations
 
+import os
 from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Iterator
@@ -90,20 +91,30 @@ class PartitionFiles:
         return np.frombuffer(raw, self.dtype)
 
     def token_ranges(self, ranges: list[tuple[int, int, int]]) -> list[np.ndarray]:
-        """Tokens [lo, hi) of partition k for each (k, lo, hi): memory-map views locally; elsewhere
-        one batched ``cat_ranges`` (s3fs fetches the ranges concurrently, not one after another)."""
-        if self._local or not ranges:
-            return [self.tokens(k, lo, hi) for k, lo, hi in ranges]
+        """Copies of tokens [lo, hi) of partition k for each (k, lo, hi), read with one ``pread``
+        each locally (no memory map, whose fault-around would pull in far more than asked), or
+        with one batched ``cat_ranges`` elsewhere (s3fs fetches the ranges concurrently)."""
         size = self.dtype.itemsize
         paths, starts, ends = [], [], []
         for k, lo, hi in ranges:
-            if not 0 <= lo <= hi <= self.partitions[k]["tokens"]:
-                raise IndexError(f"tokens [{lo}, {hi}) outside partition {self.partitions[k]['index']}")
+            if not 0 <= lo <= hi <= self.partitions[k].tokens:
+                raise IndexError(f"tokens [{lo}, {hi}) outside partition {self.partitions[k].index}")
             offset = self._data_offset(k)
-            paths.append(self._path(k, "tokens_file"))
+            paths.append(self._tokens_path(k))
             starts.append(offset + lo * size)
             ends.append(offset + hi * size)
-        raws = self.fs.cat_ranges(paths, starts, ends)
+        if self._local:
+            raws, fds = [], {}
+            try:
+                for path, a, b in zip(paths, starts, ends):
+                    if path not in fds:
+                        fds[path] = os.open(path, os.O_RDONLY)
+                    raws.append(os.pread(fds[path], b - a, a))
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+        else:
+            raws = self.fs.cat_ranges(paths, starts, ends) if paths else []
         out = []
         for raw, path, a, b in zip(raws, paths, starts, ends):
             if isinstance(raw, Exception):
