@@ -160,10 +160,10 @@ def test_a_failed_export_leaves_nothing_and_a_rerun_gives_the_same_bytes(cluster
     victim.write_bytes(good[:200])
     dest = tmp_path / "d"
     with pytest.raises(UserError, match=r"writing .* failed|damaged|part-00003"):
-        export(cluster, out, dest, format="llmc", shard_tokens=SHARD, val_tokens=VAL, shuffle=True, chunk_bytes=5000)
+        export(cluster, out, dest, format="llmc", shard_tokens=SHARD, val_tokens=VAL, shuffle=True, chunk_bytes=20000)
     assert sorted(p.name for p in dest.iterdir()) == []
     victim.write_bytes(good)
-    export(cluster, out, dest, format="llmc", shard_tokens=SHARD, val_tokens=VAL, shuffle=True, chunk_bytes=5000)
+    export(cluster, out, dest, format="llmc", shard_tokens=SHARD, val_tokens=VAL, shuffle=True, chunk_bytes=20000)
     assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in reference.iterdir())
     for p in reference.glob("*.bin"):
         assert (dest / p.name).read_bytes() == p.read_bytes()
@@ -265,3 +265,41 @@ def test_order_keys_and_coalescing():
     assert order.divisions(val_buckets=0, train_buckets=1) == [2**62, 2**63 - 1]
     starts, ends, group = coalesce(np.array([0, 5, 100, 103]), np.array([4, 9, 102, 110]), gap=2)
     assert starts.tolist() == [0, 100] and ends.tolist() == [9, 110] and group.tolist() == [0, 0, 1, 1]
+
+
+KILLED_EXPORT = """
+import sys
+from tokenshards.export import ExportConfig, run_export
+out, to, scheduler = sys.argv[1:]
+run_export(ExportConfig(out=out, to=to, format="npy", shard_tokens=2000, val_tokens=1500, shuffle=True, seed=4,
+                        chunk_bytes=2000, scheduler=scheduler, progress="none"), announce=lambda m: print(m, flush=True))
+"""
+
+
+def test_a_killed_export_leaves_nothing_finished_and_the_rerun_gives_the_same_bytes(cluster, runs, tmp_path):
+    """The client is killed (SIGKILL) while chunks are being written: DEST holds no shard and no
+    record, and the same export run again writes the same bytes as one never interrupted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import tokenshards
+
+    out, dest = runs["a"], tmp_path / "d"
+    env = {**os.environ, "PYTHONPATH": str(Path(tokenshards.__file__).parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, str(out), str(dest), cluster.scheduler_address],
+                            stdout=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:
+        if line.startswith("writing "):
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    assert [p.name for p in dest.iterdir() if not p.name.endswith(".tmp")] == []
+    options = dict(format="npy", shard_tokens=2000, val_tokens=1500, shuffle=True, seed=4, chunk_bytes=2000)
+    export(cluster, out, dest, **options)
+    reference = export(cluster, out, tmp_path / "ref", **options)
+    assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in reference.iterdir())
+    for p in reference.glob("*.npy"):
+        assert (dest / p.name).read_bytes() == p.read_bytes(), p.name

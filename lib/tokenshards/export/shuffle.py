@@ -401,10 +401,11 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
 
             streams = Streams(doc_bounds={"val": bounds(counts[:n_val, 0]), "train": bounds(counts[n_val:, 0])},
                               token_bounds={"val": bounds(counts[:n_val, 1]), "train": bounds(counts[n_val:, 1])})
-            if (streams.docs("val"), streams.tokens("val")) != tuple(map(sum, zip(*val))) and val_tokens:
-                raise RuntimeError(f"ordered {streams.docs('val')} validation documents, planned {sum(d for d, _ in val)}")
-            if streams.tokens("train") != train_tokens:
-                raise RuntimeError(f"ordered {streams.tokens('train')} train tokens, planned {train_tokens}")
+            planned = {"val": (sum(d for d, _ in val), val_tokens), "train": (sum(d for d, _ in taken), train_tokens)}
+            for split, (d, t) in planned.items():
+                if (streams.docs(split), streams.tokens(split)) != (d, t):
+                    raise RuntimeError(f"ordered {streams.docs(split)} {split} documents ({streams.tokens(split)} tokens), "
+                                       f"planned {d} ({t}); did a run change during the export? rerun it")
             announce(f"validation: {streams.docs('val'):,} documents, {streams.tokens('val'):,} tokens; "
                      f"train: {streams.docs('train'):,} documents, {streams.tokens('train'):,} tokens")
             files = formats.shard_files(fmt=config.format, prefix=config.name_prefix, streams=streams,
