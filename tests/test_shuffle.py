@@ -208,6 +208,17 @@ def test_mixture_shares_epochs_and_record(cluster, runs, tmp_path):
     assert src[0]["val_tokens"] == sum(map(len, val_a))
 
 
+def test_mixture_bytes_do_not_depend_on_partitioning_or_chunks(cluster, runs, tmp_path):
+    """The cut of a partial epoch and every copy's place depend on the documents only."""
+    options = dict(weights=(0.3, 0.7), tokens=12_345, val_tokens=800, seed=9, format="megatron")
+    x = export(cluster, runs["a"], tmp_path / "x", mix_with=(str(runs["b"]),), chunk_bytes=1500, **options)
+    y = export(cluster, runs["a_big"], tmp_path / "y", mix_with=(str(runs["b"]),), **options)
+    names = sorted(p.name for p in x.glob("*_document.*"))
+    assert len(names) == 4
+    for n in names:
+        assert (x / n).read_bytes() == (y / n).read_bytes(), n
+
+
 def test_mixture_default_total_takes_no_run_twice(cluster, runs, tmp_path, capsys):
     a, b = runs["a"], runs["b"]
     dest = tmp_path / "cli"
