@@ -10,8 +10,9 @@ How it runs, all on the cluster (the client holds per-bucket and per-partition c
    into key-range buckets, each then sorted by the full key (``order.SORT_COLUMNS``); a
    bucket holds about one chunk of tokens and stays in worker memory;
 4. every output chunk is a token range of buckets: its writer takes those buckets' rows and reads
-   the documents' tokens from the part files, grouped by file (one batched request per task on
-   S3, nearby ranges coalesced), and puts the bytes in place as an unshuffled export does.
+   the documents' tokens from the part files, grouped by file, nearby ranges joined, in bounded
+   batches (concurrent range requests on S3), and puts the bytes in place as an unshuffled
+   export does.
 """
 from __future__ import annotations
 
@@ -40,8 +41,11 @@ SELECT_BITS = 12
 GAP_BYTES = 1 << 20
 """Reading a gap this small costs less than another request to S3."""
 LOCAL_GAP_BYTES = 1 << 14
+"""On a local disk a read costs a system call: join only ranges a few pages apart."""
 READ_BATCH_BYTES = 32 << 20
+"""What a writer reads before copying it out: its memory besides its chunk."""
 MAX_BUCKETS = 16_384
+"""Keeps Dask's shuffle to at most this many output partitions (about 550 BT at 64 MiB chunks)."""
 FRAME_COLUMNS = {"key": "int64", "src": "int16", "epoch": "int32", "input": "int32", "row": "int64",
                  "part": "int32", "start": "int64", "length": "int64"}
 BUCKET_COLUMNS = ("src", "part", "start", "length")
