@@ -130,8 +130,11 @@ def run_export(out: Path, workers: int, scratch: Path, *, shuffle: bool) -> dict
     """One whole ``tokenshards export --format llmc`` command: wall time and peak tree memory."""
     dest = scratch / ("export-shuffled" if shuffle else "export")
     shutil.rmtree(dest, ignore_errors=True)
+    # The default validation size (modded-nanogpt's), or a tenth of a run too small for it.
+    tokens = json.loads((Path(out) / "manifest.json").read_text())["totals"]["tokens"]
+    val = 10_485_760 if tokens > 2 * 10_485_760 else tokens // 10
     cmd = [str(BIN / "tokenshards"), "export", str(out), "--format", "llmc", "--to", str(dest), "--workers", str(workers),
-           "--dashboard-address", ":0"] + (["--shuffle"] if shuffle else [])
+           "--val-tokens", str(val), "--dashboard-address", ":0", "--progress", "none"] + (["--shuffle"] if shuffle else [])
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     meter = PeakTreeRSS(proc.pid)
