@@ -224,7 +224,9 @@ def test_mixture_default_total_takes_no_run_twice(cluster, runs, tmp_path, capsy
     dest = tmp_path / "cli"
     code = main(["export", str(a), str(b), "--weights", "1", "1", "--val-tokens", "0", "--format", "nanogpt",
                  "--to", str(dest), "--seed", "5", "--scheduler", cluster.scheduler_address])
-    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert f"{a}: weight 0.5, " in printed.out and " epochs)" in printed.out
     got = collections.Counter(split_docs(np.memmap(dest / "train.bin", dtype=np.uint16, mode="r")))
     docs_a, docs_b = collections.Counter(all_docs(a)), collections.Counter(all_docs(b))
     assert all(got[d] == c for d, c in docs_b.items())  # B, the smaller, whole; A up to as many tokens

@@ -455,6 +455,8 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
         "files": [{"name": f.name, "split": f.split, "tokens": f.tokens, "bytes": f.nbytes} for f in files],
     }
     write_json(dest_fs, join(dest_root, formats.record_name(config.format, config.name_prefix)), record)
+    notes = [f"{s['path']}: weight {s['weight']:.4g}, {s['tokens']:,} train tokens ({s['documents']:,} documents, "
+             f"{s['epochs']:.3g} epochs)" for s in record["sources"]] if len(runs) > 1 else []
     return ExportSummary(to=config.to, files=[f.name for f in files], val_docs=streams.docs("val"),
                          val_tokens=streams.tokens("val"), train_docs=streams.docs("train"),
-                         train_tokens=streams.tokens("train"), seconds=time.perf_counter() - t0)
+                         train_tokens=streams.tokens("train"), seconds=time.perf_counter() - t0, notes=tuple(notes))
