@@ -44,6 +44,8 @@ LOCAL_GAP_BYTES = 1 << 14
 """On a local disk a read costs a system call: join only ranges a few pages apart."""
 READ_BATCH_BYTES = 32 << 20
 """What a writer reads before copying it out: its memory besides its chunk."""
+FRAME_ROWS = 1_000_000
+"""Rows (document copies, 46 bytes each) one task of the frame builds at most."""
 MAX_BUCKETS = 16_384
 """Keeps Dask's shuffle to at most this many output partitions (about 550 BT at 64 MiB chunks)."""
 FRAME_COLUMNS = {"key": "int64", "src": "int16", "epoch": "int32", "input": "int32", "row": "int64",
@@ -285,13 +287,35 @@ def topup_cutoff(client: Client, parts: list[PartInfo], *, src: int, source: Sou
     return cut, docs_before + len(final), tokens_before + int(final["length"].sum())
 
 
+def doc_frames(tasks: tuple[FrameTask, ...]) -> pd.DataFrame:
+    return pd.concat([doc_frame(t) for t in tasks], ignore_index=True)
+
+
+def group_tasks(tasks: list[FrameTask], *, threads: int) -> list[tuple[FrameTask, ...]]:
+    """Consecutive frame tasks, about ``FRAME_ROWS`` rows or a share of the threads each: Dask's
+    shuffle costs tens of milliseconds per input partition, a partition's rows ~4 ms."""
+    total = sum(t.part.entry.docs for t in tasks)
+    per_group = min(FRAME_ROWS, max(1, math.ceil(total / max(1, threads))))
+    groups, current, rows = [], [], 0
+    for t in tasks:
+        current.append(t)
+        rows += t.part.entry.docs
+        if rows >= per_group:
+            groups.append(tuple(current))
+            current, rows = [], 0
+    if current:
+        groups.append(tuple(current))
+    return groups
+
+
 def sort_frame(client: Client, tasks: list[FrameTask], divisions: list[int]) -> list:
     """Futures of the buckets, in order: Dask's shuffle moves rows to key ranges, then each
     bucket is sorted by the full key."""
     import dask.dataframe as dd
 
     meta = pd.DataFrame({c: pd.Series(dtype=t) for c, t in FRAME_COLUMNS.items()})
-    frame = dd.from_map(doc_frame, tasks, meta=meta, enforce_metadata=False, label="tokenshards-order")
+    groups = group_tasks(tasks, threads=sum(client.nthreads().values()))
+    frame = dd.from_map(doc_frames, groups, meta=meta, enforce_metadata=False, label="tokenshards-order")
     ranged = frame.set_index("key", divisions=divisions)
     bucket_meta = meta[list(BUCKET_COLUMNS)]
     return client.compute(ranged.map_partitions(finish_bucket, meta=bucket_meta).to_delayed())
