@@ -281,17 +281,25 @@ def test_order_keys_and_coalescing():
 
 
 KILLED_EXPORT = """
-import sys
-from tokenshards.export import ExportConfig, run_export
+import sys, time
+from tokenshards.export import ExportConfig, job, run_export
+
+def stall(*args, **kwargs):  # every chunk is written, no file committed yet: the moment to be killed
+    print("committing", flush=True)
+    time.sleep(600)
+
+job.commit_target = stall
 out, to, scheduler = sys.argv[1:]
 run_export(ExportConfig(out=out, to=to, format="npy", shard_tokens=2000, val_tokens=1500, shuffle=True, seed=4,
-                        chunk_bytes=2000, scheduler=scheduler, progress="none"), announce=lambda m: print(m, flush=True))
+                        chunk_bytes=2000, scheduler=scheduler, progress="none"), announce=lambda m: None)
 """
 
 
 def test_a_killed_export_leaves_nothing_finished_and_the_rerun_gives_the_same_bytes(cluster, runs, tmp_path):
-    """The client is killed (SIGKILL) while chunks are being written: DEST holds no shard and no
-    record, and the same export run again writes the same bytes as one never interrupted."""
+    """The client is killed (SIGKILL) once every chunk is written, before any file is committed
+    (the subprocess stalls there): DEST holds temporaries only, each already complete (files are
+    committed after all are written), and the same export run again clears them and writes the
+    same bytes as one never interrupted."""
     import os
     import signal
     import subprocess
@@ -300,19 +308,23 @@ def test_a_killed_export_leaves_nothing_finished_and_the_rerun_gives_the_same_by
     import tokenshards
 
     out, dest = runs["a"], tmp_path / "d"
+    options = dict(format="npy", shard_tokens=2000, val_tokens=1500, shuffle=True, seed=4, chunk_bytes=2000)
+    reference = export(cluster, out, tmp_path / "ref", **options)
     env = {**os.environ, "PYTHONPATH": str(Path(tokenshards.__file__).parents[1])}
     proc = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, str(out), str(dest), cluster.scheduler_address],
                             stdout=subprocess.PIPE, text=True, env=env)
     for line in proc.stdout:
-        if line.startswith("writing "):
+        if line.startswith("committing"):
             break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
-    assert [p.name for p in dest.iterdir() if not p.name.endswith(".tmp")] == []
-    options = dict(format="npy", shard_tokens=2000, val_tokens=1500, shuffle=True, seed=4, chunk_bytes=2000)
+    left = sorted(p.name for p in dest.iterdir())
+    assert left and all(name.endswith(".tmp") for name in left), left
+    assert sorted(name.rsplit(".", 2)[0] for name in left) == sorted(p.name for p in reference.glob("*.npy"))
+    for name in left:
+        assert (dest / name).read_bytes() == (reference / name.rsplit(".", 2)[0]).read_bytes(), name
     export(cluster, out, dest, **options)
-    reference = export(cluster, out, tmp_path / "ref", **options)
-    assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in reference.iterdir())
+    assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in reference.iterdir())  # no .tmp left
     for p in reference.glob("*.npy"):
         assert (dest / p.name).read_bytes() == p.read_bytes(), p.name
