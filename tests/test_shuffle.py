@@ -116,6 +116,20 @@ def test_byte_identical_across_workers_chunks_and_partitioning_other_seed_other_
     assert neighbours_kept(docs_a, docs_c) <= max(3, len(docs_a) // 50)
 
 
+def test_dasks_shuffle_and_the_direct_path_give_the_same_bytes(cluster, runs, tmp_path, monkeypatch):
+    """Small frames skip Dask's shuffle; large ones take it: the order is the same."""
+    from tokenshards.export import shuffle
+
+    options = dict(format="megatron", val_tokens=VAL, shuffle=True, seed=2, chunk_bytes=3000)
+    direct = export(cluster, runs["a"], tmp_path / "direct", **options)
+    monkeypatch.setattr(shuffle, "DIRECT_TASKS", 0)
+    dask_shuffle = export(cluster, runs["a"], tmp_path / "dask", **options)
+    names = sorted(p.name for p in direct.glob("*_document.*"))
+    assert len(names) == 4
+    for n in names:
+        assert (direct / n).read_bytes() == (dask_shuffle / n).read_bytes(), n
+
+
 def test_shuffled_megatron_and_nanogpt(cluster, runs, tmp_path):
     out = runs["a"]
     val, train = expected_split(out, VAL)

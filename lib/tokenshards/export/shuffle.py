@@ -6,9 +6,10 @@ How it runs, all on the cluster (the client holds per-bucket and per-partition c
    histogram of selection keys (4,096 bins, summed in a tree), then the candidates of the one
    bin the cut falls in, merged as validation candidates are;
 3. a small frame, one row per document copy (sort key, source, epoch, input, row, partition,
-   start, length: 46 bytes), built per (run, partition, epoch) and sorted with Dask's shuffle
-   into key-range buckets, each then sorted by the full key (``order.SORT_COLUMNS``); a
-   bucket holds about one chunk of tokens and stays in worker memory;
+   start, length: 46 bytes), built per group of (run, partition, epoch) and moved into
+   key-range buckets (directly when it is small, else with Dask's shuffle), each bucket then
+   sorted by the full key (``order.SORT_COLUMNS``); a bucket holds about one chunk of tokens
+   and stays in worker memory;
 4. every output chunk is a token range of buckets: its writer takes those buckets' rows and reads
    the documents' tokens from the part files, grouped by file, nearby ranges joined, in bounded
    batches (concurrent range requests on S3), and puts the bytes in place as an unshuffled
@@ -18,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-import pandas as pd
 from distributed import Client
 
 from ..cluster import runner
@@ -44,13 +45,18 @@ LOCAL_GAP_BYTES = 1 << 14
 """On a local disk a read costs a system call: join only ranges a few pages apart."""
 READ_BATCH_BYTES = 32 << 20
 """What a writer reads before copying it out: its memory besides its chunk."""
+DIRECT_TASKS = 4096
+"""Frames cut into at most this many (group, bucket) pieces skip Dask's shuffle (and importing
+dask.dataframe on the client, ~0.4 s): about 1,000 M tokens at 64 MiB chunks on 2 threads."""
 FRAME_ROWS = 1_000_000
 """Rows (document copies, 46 bytes each) one task of the frame builds at most."""
 MAX_BUCKETS = 16_384
 """Keeps Dask's shuffle to at most this many output partitions (about 550 BT at 64 MiB chunks)."""
-FRAME_COLUMNS = {"key": "int64", "src": "int16", "epoch": "int32", "input": "int32", "row": "int64",
-                 "part": "int32", "start": "int64", "length": "int64"}
-BUCKET_COLUMNS = ("src", "part", "start", "length")
+ROW = np.dtype([("key", "<i8"), ("src", "<i2"), ("epoch", "<i4"), ("input", "<i4"), ("row", "<i8"), ("part", "<i4"),
+                ("start", "<i8"), ("length", "<i8")])
+"""One document copy in the order's frame: 46 bytes."""
+BUCKET = np.dtype([("src", "<i2"), ("part", "<i4"), ("start", "<i8"), ("length", "<i8")])
+"""What a writer needs of each document of its buckets, in output order."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,8 +126,8 @@ def select_candidates(src: int, k: int, part: PartInfo, *, source: Source, val_t
                                lengths=docs.lengths[mask], part=k, val_tokens=need)
 
 
-def doc_frame(task: FrameTask) -> pd.DataFrame:
-    """The frame rows of one (run, partition, epoch)."""
+def doc_rows(task: FrameTask) -> np.ndarray:
+    """The frame rows of one (run, partition, epoch), a ``ROW`` array."""
     docs, hashes, val = _train_docs(task.src, task.k, task.part, task.source, task.val_threshold)
     train = ~val
     if task.cutoff is not None:
@@ -133,37 +139,55 @@ def doc_frame(task: FrameTask) -> pd.DataFrame:
         pieces.append((val, order.sort_keys(keys, "val"), 0))
     keys = order.keyed(hashes[train], order.salt(seed=task.seed, purpose="train", source=task.src, epoch=task.epoch))
     pieces.append((train, order.sort_keys(keys, "train"), task.epoch))
-    frames = []
+    out = []
     for mask, keys, epoch in pieces:
-        n = int(mask.sum())
-        frames.append(pd.DataFrame({
-            "key": keys, "src": np.full(n, task.src, np.int16), "epoch": np.full(n, epoch, np.int32),
-            "input": np.full(n, task.part.input_ordinal, np.int32), "row": docs.rows[mask],
-            "part": np.full(n, task.k, np.int32), "start": docs.starts[mask], "length": docs.lengths[mask]}))
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        rows = np.empty(int(mask.sum()), ROW)
+        rows["key"], rows["src"], rows["epoch"], rows["input"] = keys, task.src, epoch, task.part.input_ordinal
+        rows["row"], rows["part"], rows["start"], rows["length"] = docs.rows[mask], task.k, docs.starts[mask], docs.lengths[mask]
+        out.append(rows)
+    return np.concatenate(out) if len(out) > 1 else out[0]
 
 
-def finish_bucket(frame: pd.DataFrame) -> pd.DataFrame:
-    """A bucket in its final order: by the full key, so equal position keys never depend on
-    which task's rows arrived first."""
-    frame = frame.reset_index().sort_values(list(order.SORT_COLUMNS), kind="stable")
-    return frame[list(BUCKET_COLUMNS)].reset_index(drop=True)
+def group_rows(tasks: tuple[FrameTask, ...]) -> np.ndarray:
+    return np.concatenate([doc_rows(t) for t in tasks])
 
 
-def bucket_counts(frame: pd.DataFrame) -> tuple[int, int]:
-    return len(frame), int(frame["length"].sum())
+def final_order(rows: np.ndarray) -> np.ndarray:
+    """A bucket's rows in their final order, by the full key (``order.SORT_COLUMNS``), so equal
+    position keys never depend on which task's rows arrived first; only what writers need."""
+    by = np.lexsort(tuple(rows[c] for c in reversed(order.SORT_COLUMNS)))
+    out = np.empty(len(rows), BUCKET)
+    for c in BUCKET.names:
+        out[c] = rows[c][by]
+    return out
+
+
+def split_rows(tasks: tuple[FrameTask, ...], *, divisions: list[int]) -> tuple[np.ndarray, ...]:
+    """A group's rows cut at the bucket boundaries (the direct path)."""
+    rows = group_rows(tasks)
+    bucket = np.searchsorted(np.asarray(divisions[1:-1], dtype=np.int64), rows["key"], side="right")
+    by = np.argsort(bucket, kind="stable")
+    rows, bucket = rows[by], bucket[by]
+    cuts = np.searchsorted(bucket, np.arange(len(divisions)))
+    return tuple(rows[a:b] for a, b in zip(cuts[:-1], cuts[1:]))
+
+
+def bucket_of(*pieces: np.ndarray) -> np.ndarray:
+    return final_order(np.concatenate(pieces))
+
+
+def bucket_counts(rows) -> tuple[int, int]:
+    return len(rows), int(np.asarray(rows["length"]).sum())
 
 
 # -- worker side: writing ---------------------------------------------------------------------------
 class BucketView:
     """One bucket's documents as a contiguous stream, read from the part files they came from."""
 
-    def __init__(self, frame: pd.DataFrame, files: list[PartitionFiles]):
+    def __init__(self, frame, files: list[PartitionFiles]):
         self.files = files
-        self.src = frame["src"].to_numpy()
-        self.part = frame["part"].to_numpy()
-        self.start = frame["start"].to_numpy()
-        self.length = frame["length"].to_numpy()
+        # A BUCKET array (direct path) or the same columns as a DataFrame (Dask's shuffle).
+        self.src, self.part, self.start, self.length = (np.asarray(frame[c]) for c in BUCKET.names)
         self.cum = np.concatenate([[0], np.cumsum(self.length)]).astype(np.int64)
 
     def tokens(self, split: str, lo: int, hi: int) -> np.ndarray:
@@ -287,10 +311,6 @@ def topup_cutoff(client: Client, parts: list[PartInfo], *, src: int, source: Sou
     return cut, docs_before + len(final), tokens_before + int(final["length"].sum())
 
 
-def doc_frames(tasks: tuple[FrameTask, ...]) -> pd.DataFrame:
-    return pd.concat([doc_frame(t) for t in tasks], ignore_index=True)
-
-
 def group_tasks(tasks: list[FrameTask], *, threads: int) -> list[tuple[FrameTask, ...]]:
     """Consecutive frame tasks, about ``FRAME_ROWS`` rows or a share of the threads each: Dask's
     shuffle costs tens of milliseconds per input partition, a partition's rows ~4 ms."""
@@ -308,17 +328,36 @@ def group_tasks(tasks: list[FrameTask], *, threads: int) -> list[tuple[FrameTask
     return groups
 
 
-def sort_frame(client: Client, tasks: list[FrameTask], divisions: list[int]) -> list:
-    """Futures of the buckets, in order: Dask's shuffle moves rows to key ranges, then each
-    bucket is sorted by the full key."""
-    import dask.dataframe as dd
+def _frame_of(tasks: tuple[FrameTask, ...]):
+    import pandas as pd
 
-    meta = pd.DataFrame({c: pd.Series(dtype=t) for c, t in FRAME_COLUMNS.items()})
+    return pd.DataFrame(group_rows(tasks))
+
+
+def _bucket_of_frame(frame):
+    import pandas as pd
+
+    return pd.DataFrame(final_order(frame.reset_index().to_records(index=False)))
+
+
+def sort_frame(client: Client, tasks: list[FrameTask], divisions: list[int]) -> list:
+    """Futures of the buckets, in order. A small frame (``DIRECT_TASKS``) goes straight from
+    its groups to the buckets (one task per group and bucket picks that group's piece); a large
+    one through Dask's shuffle, which spills to disk and does not need a task per pair.
+    Either way each bucket is then sorted by the full key: the bytes are the same."""
     groups = group_tasks(tasks, threads=sum(client.nthreads().values()))
-    frame = dd.from_map(doc_frames, groups, meta=meta, enforce_metadata=False, label="tokenshards-order")
+    n = len(divisions) - 1
+    if len(groups) * n <= DIRECT_TASKS:
+        split = runner.submit(client, split_rows, groups, divisions=divisions)
+        pieces = [[client.submit(operator.getitem, g, b, pure=False) for g in split] for b in range(n)]
+        return [client.submit(bucket_of, *pieces[b], pure=False) for b in range(n)]
+    import dask.dataframe as dd
+    import pandas as pd
+
+    meta = pd.DataFrame(np.empty(0, ROW))
+    frame = dd.from_map(_frame_of, groups, meta=meta, enforce_metadata=False, label="tokenshards-order")
     ranged = frame.set_index("key", divisions=divisions)
-    bucket_meta = meta[list(BUCKET_COLUMNS)]
-    return client.compute(ranged.map_partitions(finish_bucket, meta=bucket_meta).to_delayed())
+    return client.compute(ranged.map_partitions(_bucket_of_frame, meta=pd.DataFrame(np.empty(0, BUCKET))).to_delayed())
 
 
 @dataclass(frozen=True, kw_only=True)
