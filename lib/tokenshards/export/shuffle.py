@@ -47,7 +47,8 @@ READ_BATCH_BYTES = 32 << 20
 """What a writer reads before copying it out: its memory besides its chunk."""
 DIRECT_TASKS = 4096
 """Frames cut into at most this many (group, bucket) pieces skip Dask's shuffle (and importing
-dask.dataframe on the client, ~0.4 s): about 1,000 M tokens at 64 MiB chunks on 2 threads."""
+dask.dataframe on the client, ~0.4 s). With 64 MiB chunks and ~1,000-token documents that is
+up to ~10 B tokens on a few threads, ~2 B on 64 (at least one group per thread)."""
 FRAME_ROWS = 1_000_000
 """Rows (document copies, 46 bytes each) one task of the frame builds at most."""
 MAX_BUCKETS = 16_384
