@@ -455,12 +455,12 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
         train_tokens = sum(t for _, t in taken)
         n_val = min(MAX_BUCKETS, math.ceil(val_tokens / per_bucket)) if val_tokens else 0
         n_train = min(MAX_BUCKETS, max(1, math.ceil(train_tokens / per_bucket)))
-        announce(f"ordering {sum(t for t, _ in taken) + sum(d for d, _ in val):,} documents of {len(runs)} run(s) "
+        announce(f"ordering {sum(d for d, _ in taken) + sum(d for d, _ in val):,} documents of {len(runs)} run(s) "
                  f"(seed {seed}) into {n_val + n_train} buckets")
         buckets = sort_frame(client, tasks, order.divisions(val_buckets=n_val, train_buckets=n_train))
         try:
-            names = [f"bucket {b} of the order" for b in range(len(buckets))]
-            counts = runner.gather(client, runner.submit(client, bucket_counts, buckets), names,
+            labels = [f"bucket {b} of the order" for b in range(len(buckets))]
+            counts = runner.gather(client, runner.submit(client, bucket_counts, buckets), labels,
                                    explain=lambda name, e: UserError(f"ordering documents ({name}) failed: {type(e).__name__}: {e}"))
             counts = np.array(counts, dtype=np.int64).reshape(-1, 2)
 
