@@ -342,3 +342,17 @@ def test_a_killed_export_leaves_nothing_finished_and_the_rerun_gives_the_same_by
     assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in reference.iterdir())  # no .tmp left
     for p in reference.glob("*.npy"):
         assert (dest / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["A", "--seed", "1"], "--seed orders a shuffled export; add --shuffle"),
+    (["A", "--shuffle", "--tokens", "0"], "--tokens 0 must be at least 1"),
+    (["A", "B", "--weights", "1"], "--weights has 1 values for 2 runs; give one weight per run, in the same order"),
+    (["A", "B", "--weights", "1", "0"], "weight 0.0 for B must be a positive number"),
+    (["A", "A"], "a run is given twice (A, A); to weigh it more, use --weights"),
+])
+def test_cli_errors_name_the_flag(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = main(["export", *argv, "--format", "llmc", "--to", "D"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == f"tokenshards: error: {message}"

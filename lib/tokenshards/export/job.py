@@ -96,7 +96,7 @@ class ExportConfig(RunOptions):
         if not self.shuffled and self.seed is not None:
             raise UserError("--seed orders a shuffled export; add --shuffle")
         if self.tokens is not None and self.tokens < 1:
-            raise UserError(f"tokens={self.tokens} must be at least 1")
+            raise UserError(f"--tokens {self.tokens} must be at least 1")
         if self.weights is not None and len(self.weights) != len(self.runs):
             raise UserError(f"--weights has {len(self.weights)} values for {len(self.runs)} runs; give one weight per run, in the same order")
         for run, w in zip(self.runs, self.weights or ()):

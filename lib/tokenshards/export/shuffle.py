@@ -32,6 +32,7 @@ from ..errors import UserError
 from ..format.reader import PartitionFiles, open_manifest
 from ..format.v1 import Manifest, PartitionEntry
 from ..storage.store import check_bucket, filesystem, is_local, join, write_json
+from ..wording import counted
 from . import formats, mix, order, valsplit
 from .layout import Chunk, Streams
 from .valsplit import Threshold, id_hashes, is_val
@@ -455,8 +456,8 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
         train_tokens = sum(t for _, t in taken)
         n_val = min(MAX_BUCKETS, math.ceil(val_tokens / per_bucket)) if val_tokens else 0
         n_train = min(MAX_BUCKETS, max(1, math.ceil(train_tokens / per_bucket)))
-        announce(f"ordering {sum(d for d, _ in taken) + sum(d for d, _ in val):,} documents of {len(runs)} run(s) "
-                 f"(seed {seed}) into {n_val + n_train} buckets")
+        announce(f"ordering {counted(sum(d for d, _ in taken) + sum(d for d, _ in val), 'document')} of "
+                 f"{counted(len(runs), 'run')} (seed {seed}) into {counted(n_val + n_train, 'bucket')}")
         buckets = sort_frame(client, tasks, order.divisions(val_buckets=n_val, train_buckets=n_train))
         try:
             labels = [f"bucket {b} of the order" for b in range(len(buckets))]
@@ -477,7 +478,7 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
             announce(f"validation: {streams.docs('val'):,} documents, {streams.tokens('val'):,} tokens; "
                      f"train: {streams.docs('train'):,} documents, {streams.tokens('train'):,} tokens")
             files = formats.shard_files(fmt=config.format, prefix=config.name_prefix, streams=streams,
-                                        shard_tokens=config.shard_size, dtype=dtype)
+                                        shard_tokens=config.shard_size, dtype=dtype, min_shard_tokens=config.min_shard_size)
             catalog = client.scatter(Catalog(sources=tuple(r.source for r in runs),
                                              entries=tuple(tuple(p.entry for p in r.parts) for r in runs)), hash=False)
             by_name = {("val", b): buckets[b] for b in range(n_val)}
@@ -504,6 +505,7 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
         "eot_position": runs[0].manifest.eot_position,
         "dtype": dtype,
         "shard_tokens": config.shard_size if config.format in ("llmc", "npy") else None,
+        "min_shard_tokens": config.min_shard_size if config.format in ("llmc", "npy") else None,
         "val_tokens_requested": config.val_tokens,
         "val_selection": "per run, whole documents with the smallest blake2b-64(id), ties by (input, row), until its "
                          "share of val_tokens (by weight) is reached",
@@ -519,8 +521,12 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
         "files": [{"name": f.name, "split": f.split, "tokens": f.tokens, "bytes": f.nbytes} for f in files],
     }
     write_json(dest_fs, join(dest_root, formats.record_name(config.format, config.name_prefix)), record)
-    notes = [f"{s['path']}: weight {s['weight']:.4g}, {s['tokens']:,} train tokens ({s['documents']:,} documents, "
+    notes = [f"{s['path']}: weight {s['weight']:.4g}, {s['tokens']:,} train tokens ({counted(s['documents'], 'document')}, "
              f"{s['epochs']:.3g} epochs)" for s in record["sources"]] if len(runs) > 1 else []
+    if config.format in ("llmc", "npy"):
+        notes += formats.shard_notes(files, shard_tokens=config.shard_size, min_shard_tokens=config.min_shard_size)
+    if config.format == "llmc" and dtype == formats.LLMC_LLAMA3[2]:
+        notes.append("note: " + formats.LLAMA3_READERS.format(n_vocab=runs[0].manifest.encoding.n_vocab))
     return ExportSummary(to=config.to, files=[f.name for f in files], val_docs=streams.docs("val"),
                          val_tokens=streams.tokens("val"), train_docs=streams.docs("train"),
                          train_tokens=streams.tokens("train"), seconds=time.perf_counter() - t0, notes=tuple(notes))
