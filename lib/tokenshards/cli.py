@@ -167,26 +167,27 @@ def _run_demo(args) -> int:
 
 def _byte_count(text: str) -> int:
     """``1000000``, ``500M``, ``2G`` (decimal units, like the progress lines)."""
-    units = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    number, unit = text.upper().rstrip("B"), ""
-    if number and number[-1] in units:
-        number, unit = number[:-1], number[-1]
-    try:
-        return int(float(number) * units[unit])
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a byte count such as 200000000, 500M or 2G") from e
+    return _scaled(text.upper().rstrip("B"), {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12},
+                   given=text, expected="a byte count such as 200000000, 500M or 2G")
 
 
 def _token_count(text: str) -> int:
     """``50000000``, ``500M``, ``10B`` (billions, as dataset sizes are named: FineWeb's sample-10BT)."""
-    units = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
-    number, unit = text.upper().removesuffix("T") if text.upper().endswith("BT") else text.upper(), ""
+    upper = text.upper()
+    return _scaled(upper.removesuffix("T") if upper.endswith("BT") else upper,
+                   {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12},
+                   given=text, expected="a token count such as 50000000, 500M or 10B")
+
+
+def _scaled(number: str, units: dict[str, int], *, given: str, expected: str) -> int:
+    """A number with an optional unit letter at its end (``units``), as a whole count."""
+    scale = 1
     if number and number[-1] in units:
-        number, unit = number[:-1], number[-1]
+        number, scale = number[:-1], units[number[-1]]
     try:
-        return int(float(number) * units[unit])
+        return int(float(number) * scale)
     except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a token count such as 50000000, 500M or 10B") from e
+        raise argparse.ArgumentTypeError(f"{given!r}: expected {expected}") from e
 
 
 def _add_train_bpe(sub) -> None:
