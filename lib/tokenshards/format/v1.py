@@ -312,13 +312,16 @@ def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: list[str], rows, 
         "start": pa.array(starts, pa.int64()),
         "length": pa.array(lengths, pa.int64()),
     })
+    docs_bytes = _parquet_bytes(docs)
     entry = PartitionEntry(
         index=piece.index, input=piece.input, row_groups=tuple(piece.row_groups), rows=piece.rows,
         docs=len(lengths), skipped_null=skipped_null, skipped_empty=skipped_empty, tokens=int(len(tokens)),
         tokens_file=tokens_file(piece.index), docs_file=docs_file(piece.index),
         sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend=backend or None,
+        # File sizes: resume compares them with one listing of parts/ (tokenize.resume).
+        extra={"tokens_bytes": len(tokens_bytes), "docs_bytes": len(docs_bytes)},
     )
-    return PartFiles(tokens_bytes, _parquet_bytes(docs), entry)
+    return PartFiles(tokens_bytes, docs_bytes, entry)
 
 
 def npy_bytes(tokens: np.ndarray) -> bytes:

@@ -24,6 +24,7 @@ from .plan import BadInput, Piece
 from . import resume
 from ..cluster.progress import Progress, human
 from ..wording import counted
+from ..storage.lease import Lease
 from ..storage.store import abort_stale_uploads, ensure_writable, filesystem, join, storage_options
 
 
@@ -59,9 +60,17 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options)
     out_fs, out_root = filesystem(config.out, config.storage_options)
     ensure_writable(out_fs, out_root, config.out)  # a missing bucket or dead endpoint fails here, in one line
+    # One live writer per OUT: taken before anything in OUT is removed or written, held to the end.
+    with Lease(out_fs, out_root, url=config.out, command="tokenize", announce=announce) as lease:
+        return _run_owned(config, sources, lease, out_fs, out_root, t0=t0, announce=announce)
+
+
+def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_root: str, *, t0: float,
+               announce: Callable[[str], None]) -> Summary:
+    """The run, while it holds OUT's lease."""
     if config.overwrite and out_fs.exists(out_root):
         announce(f"--overwrite: removing the earlier run in {config.out}")
-        resume.remove_run(out_fs, out_root)
+        resume.remove_run(out_fs, out_root, url=config.out)
     report = _performance_report(config.report)
     # Checked before a cluster starts; its notes wait so that the dashboard link comes first.
     encoding_notes: list[str] = []
@@ -86,7 +95,10 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
         job = resume.identity_hash(identity)
         resume.claim_output(out_fs, out_root, identity, url=config.out)
         _clear_leftovers(out_fs, out_root)
-        committed = resume.committed_entries(out_fs, out_root, job=job, pieces=pieces)
+        redo: list[str] = []
+        committed = resume.committed_entries(out_fs, out_root, job=job, pieces=pieces, redo=redo)
+        for note in redo:
+            announce(note)
         pending = [p for p in pieces if p.index not in committed]
         announce(f"{counted(len(plan.sources), 'input file')}, {sum(f.rows for f in files):,} rows, "
                  f"{human(plan.text_bytes)}B of text in {counted(len(pieces), 'partition')}"
@@ -105,6 +117,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
     # A worker killed mid-write during this run left one too; every partition is committed now.
     _clear_leftovers(out_fs, out_root)
+    lease.check()  # a run that stalled past its lease must not commit over its successor's files
     result = manifest.build_manifest(identity=identity, job=job, files=files, skipped=unreadable, entries=list(entries.values()),
                                      extra={"planned_partitions": len(pieces),
                                             **({"hub": plan.listing.record()} if plan.listing is not None else {})})
