@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -57,7 +58,7 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     t0 = time.perf_counter()
     # Options (credentials too) travel in the task graph; their repr hides values from logs.
     config = config.replace(storage_options=storage_options(config.storage_options))
-    sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options)
+    sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     out_fs, out_root = filesystem(config.out, config.storage_options)
     ensure_writable(out_fs, out_root, config.out)  # a missing bucket or dead endpoint fails here, in one line
     # One live writer per OUT: taken before anything in OUT is removed or written, held to the end.
@@ -90,7 +91,7 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
         identity = resume.job_identity(
             encoding=spec.as_dict(), encoding_fingerprint=loaded.fingerprint, eot_position=config.eot_position,
             text_column=config.text_column, id_column=config.id_column, partition_bytes=plan.partition_bytes,
-            inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes} for f in files],
+            inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)} for f in files],
         )
         job = resume.identity_hash(identity)
         resume.claim_output(out_fs, out_root, identity, url=config.out)
@@ -118,6 +119,13 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
     # A worker killed mid-write during this run left one too; every partition is committed now.
     _clear_leftovers(out_fs, out_root)
     lease.check()  # a run that stalled past its lease must not commit over its successor's files
+    for e in sorted(entries.values(), key=lambda e: e.index):
+        if e.extra.get("skipped_invalid"):
+            rows = ", ".join(map(str, e.extra["invalid_rows"][:5])) + (", …" if e.extra["skipped_invalid"] > 5 else "")
+            announce(f"skipped {counted(e.extra['skipped_invalid'], 'row')} of {e.input} (partition {e.index}) whose "
+                     f"text is not valid UTF-8: rows {rows}; recorded as skipped_invalid in the manifest")
+    rows_of = {p.index: p.rows for p in pieces}  # so that verify can check each input's rows are covered
+    unreadable = [dataclasses.replace(b, rows=rows_of[b.partition]) if b.partition is not None else b for b in unreadable]
     result = manifest.build_manifest(identity=identity, job=job, files=files, skipped=unreadable, entries=list(entries.values()),
                                      extra={"planned_partitions": len(pieces),
                                             **({"hub": plan.listing.record()} if plan.listing is not None else {})})

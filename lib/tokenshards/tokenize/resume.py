@@ -111,7 +111,7 @@ def describe_conflict(old: dict, new: dict) -> str:
     removed = len(old_inputs.keys() - new_inputs.keys())
     changed = sum(1 for k in old_inputs.keys() & new_inputs.keys() if old_inputs[k] != new_inputs[k])
     if added or removed or changed:
-        changes.append(f"inputs ({added} added, {removed} removed, {changed} changed in size or rows)")
+        changes.append(f"inputs ({added} added, {removed} removed, {changed} changed: size, rows or modification)")
     return "; ".join(changes) or "nothing visible"
 
 
