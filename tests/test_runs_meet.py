@@ -110,3 +110,97 @@ def test_resume_redoes_partitions_whose_files_are_gone_or_resized(corpus, tmp_pa
     (out / "parts" / "part-00000.docs.parquet").unlink()
     run_tokenize(_config(corpus, out, cluster), announce=lambda m: None)
     assert _files(out) == clean
+
+
+def test_registering_the_encoder_again_leaves_running_tasks_alone(tmp_path):
+    from distributed import Client
+
+    from daskprocs import dask_processes
+    from tokenshards.encoding.encoders import EncoderPlugin, load_encoding, plugin_name
+
+    def encode_for(name: str, seconds: float) -> int:
+        """Keeps using the worker's encoder plugin for a while, as a long partition does (a local
+        function: cloudpickle ships it by value to the worker, which cannot import this module)."""
+        from tokenshards.encoding.encoders import worker_backend
+
+        calls, deadline = 0, time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            worker_backend(name).encode_many(["hello world"])
+            calls += 1
+        return calls
+
+    pytest.importorskip("splintr")  # a fast backend: its plugin's setup leaves the widest window
+    loaded = load_encoding("gpt2")
+    with dask_processes(tmp_path, workers=1) as procs, Client(procs.address) as first, \
+            Client(procs.address) as second:
+        first.register_plugin(EncoderPlugin(loaded, backend="splintr"))
+        busy = first.submit(encode_for, plugin_name(loaded, backend="splintr"), 3.0, pure=False, retries=0)
+        time.sleep(0.5)
+        # a second run (or verify --deep) on the same scheduler
+        second.register_plugin(EncoderPlugin(loaded, backend="splintr"))
+        assert busy.result(timeout=60) > 0
+
+
+def test_two_runs_share_one_dask_scheduler(corpus, tmp_path):
+    import threading
+
+    from daskprocs import dask_processes
+
+    with dask_processes(tmp_path, workers=2) as procs:
+        def config(out):
+            return TokenizeConfig(inputs=(str(corpus),), out=str(tmp_path / out), partition_bytes=PARTITION_BYTES,
+                                  scheduler=procs.address, progress="none", retries=0)
+
+        errors = []
+
+        def first():
+            try:
+                run_tokenize(config("a"), announce=lambda m: None)
+            except BaseException as e:  # noqa: BLE001 -- reported by the assertion below
+                errors.append(e)
+
+        thread = threading.Thread(target=first)
+        thread.start()
+        _wait_for(lambda: any((tmp_path / "a" / "parts").glob("*.done.json")) if (tmp_path / "a" / "parts").exists()
+                  else False)
+        run_tokenize(config("b"), announce=lambda m: None)
+        thread.join(120)
+    assert errors == []
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+
+
+def test_export_refuses_a_folder_a_live_run_writes(corpus, tmp_path, cluster):
+    from tokenshards.export.job import ExportConfig, run_export
+
+    out = tmp_path / "out"
+    run_tokenize(_config(corpus, out, cluster), announce=lambda m: None)
+    dest = tmp_path / "dest"
+    live = subprocess.Popen([TOKENSHARDS, "tokenize", "--input", str(corpus), "--out", str(dest), "--workers", "1",
+                             "--backend", "tiktoken", "--partition-mb", str(PARTITION_BYTES / 1e6),
+                             "--progress", "none", "--dashboard-address", ":0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: any((dest / "parts").glob("*.done.json")) if (dest / "parts").exists() else False)
+        with pytest.raises(UserError, match=rf"being written by a tokenize run on host \S+, pid {live.pid}"):
+            run_export(ExportConfig(out=str(out), format="llmc", to=str(dest), overwrite=True, val_tokens=0,
+                                    scheduler=cluster.scheduler_address), announce=lambda m: None)
+        _, stderr = live.communicate(timeout=120)
+    finally:
+        live.kill()
+        live.wait()
+    assert live.returncode == 0, stderr
+
+
+def test_hub_fetch_plugin_is_idempotent_and_tears_down():
+    from tokenshards.storage.hub import HubCacheFileSystem, HubFetchPlugin, HubFile, HubListing
+    from tokenshards.storage.hubspec import HubDataset
+
+    ds = HubDataset(repo="HuggingFaceFW/fineweb", size="10B")
+    listing = HubListing(repo=ds.repo, revision="main", commit="c" * 40, folder="sample/10BT",
+                         files=(HubFile(path="sample/10BT/000_00000.parquet", size=10, etag="e"),))
+    plugin = HubFetchPlugin(ds, listing)
+    assert plugin.idempotent  # a second run on the same scheduler keeps the running copy
+    plugin.setup(worker=None)
+    assert HubCacheFileSystem.datasets[plugin.key] == (plugin.ds, plugin.files)
+    plugin.teardown(worker=None)
+    assert plugin.key not in HubCacheFileSystem.datasets
