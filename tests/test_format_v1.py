@@ -160,3 +160,21 @@ def test_done_record_reads_back_as_the_entry_it_commits(tmp_path):
         resume.committed_entries(fs, root, job="job-1", pieces=[_Piece(row_groups=(3, 4))])
     with pytest.raises(OutputConflict, match=r"written by a different run"):
         resume.committed_entries(fs, root, job="job-2", pieces=[_Piece()])
+
+
+def test_job_hash_leaves_out_file_identities_and_old_job_files_still_resume(tmp_path):
+    """Inputs' mtimes/ETags guard reruns (claim_output) but are not part of the job hash, so done
+    records keep the hash runs made before had; an OUT claimed by such a run still resumes."""
+    from tokenshards.storage.store import filesystem
+    from tokenshards.tokenize import resume
+
+    def identity(with_file_identity: bool) -> dict:
+        inputs = [{"path": "a.parquet", "rows": 3, "bytes": 10,
+                   **({"identity": {"size": 10, "mtime_ns": 1}} if with_file_identity else {})}]
+        return resume.job_identity(encoding={"name": "gpt2"}, encoding_fingerprint="f", eot_position="prefix",
+                                   text_column="text", id_column=None, partition_bytes=100, inputs=inputs)
+
+    assert resume.identity_hash(identity(True)) == resume.identity_hash(identity(False))
+    fs, root = filesystem(str(tmp_path))
+    resume.claim_output(fs, root, identity(False), url=str(tmp_path))  # an OUT claimed before identities
+    resume.claim_output(fs, root, identity(True), url=str(tmp_path))  # resumes

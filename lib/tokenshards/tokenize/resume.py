@@ -33,7 +33,14 @@ def job_identity(*, encoding: dict, encoding_fingerprint: str, eot_position: str
 
 
 def identity_hash(identity: dict) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    """The job hash in done records and the manifest. Inputs' file identities (mtime, ETag) are left
+    out: they guard a rerun through ``claim_output``, and leaving them out keeps the hash (and the
+    bytes of done records) what runs made before they were recorded have."""
+    return hashlib.sha256(json.dumps(_without_file_identities(identity), sort_keys=True).encode()).hexdigest()
+
+
+def _without_file_identities(identity: dict) -> dict:
+    return {**identity, "inputs": [{k: v for k, v in i.items() if k != "identity"} for i in identity.get("inputs", [])]}
 
 
 def done_record(entry: PartitionEntry, job: str) -> dict:
@@ -120,6 +127,8 @@ def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, ur
     path = join(root, JOB_FILE)
     if fs.exists(path):
         old = read_json(fs, path)
+        if not any("identity" in i for i in old.get("inputs", [])):
+            identity = _without_file_identities(identity)  # recorded by a version that kept no file identities
         if old != identity:
             raise OutputConflict(f"{url} already holds a different run ({describe_conflict(old, identity)}); "
                                  "use another --out, or pass --overwrite to replace it")
