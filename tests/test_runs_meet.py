@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -82,7 +84,7 @@ def test_rerun_after_a_crash_takes_over_its_lease(corpus, tmp_path, cluster):
                                 "--partition-mb", str(PARTITION_BYTES / 1e6), "--dashboard-address", ":0"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     _wait_for(lambda: any((out / "parts").glob("*.done.json")) if (out / "parts").exists() else False)
-    crashed.kill()  # SIGKILL: no chance to release its lease
+    os.killpg(crashed.pid, signal.SIGKILL)  # the client and its workers, no chance to release the lease
     crashed.wait()
     assert (out / LEASE_FILE).exists()
     notes = []

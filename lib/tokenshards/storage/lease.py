@@ -332,7 +332,7 @@ class Lease:
         if self.lost is not None:
             by = self.lost.describe(self.clock()) if self.lost.run != self.record.run else "nobody (it was removed)"
             raise LeaseLost(f"{self.url}: this run lost its lease to {by} (it stalled past the {self.ttl:.0f} s "
-                            "lease); no manifest was written; check what that run did, then rerun with --overwrite")
+                            "lease); no manifest was written: OUT is that run's now")
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl / 4):

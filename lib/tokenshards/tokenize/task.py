@@ -129,7 +129,7 @@ def _check_unchanged(fs, path: str, piece: Piece) -> None:
     if now != piece.identity:
         what = describe_identity_change(piece.identity, now) if now else "removed"
         raise InputChanged(f"{piece.input} changed since this run planned it ({what}); stopped before partition "
-                           f"{piece.index} mixed old and new content; once the input is final, rerun with --overwrite")
+                           f"{piece.index} mixed old and new content; rerun once the input is final")
 
 
 def _read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.DataFrame:
