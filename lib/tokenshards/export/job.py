@@ -159,14 +159,20 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
     if config.shuffled:
         from .shuffle import run_shuffled_export
 
-        return run_shuffled_export(config, announce=announce)
+        with _dest_lease(config, announce=announce):
+            return run_shuffled_export(config, announce=announce)
     t0 = time.perf_counter()
     _, _, manifest = open_manifest(config.out, config.storage_options)
+    with _dest_lease(config, announce=announce) as lease:
+        return _export_owned(config, manifest, lease, t0=t0, announce=announce)
+
+
+def _dest_lease(config: ExportConfig, *, announce: Callable[[str], None]) -> Lease:
+    """One live writer per folder, exports and tokenize runs alike: --overwrite never removes a
+    live writer's files (``storage.lease``)."""
     dest_fs, dest_root = filesystem(config.to, config.storage_options)
     check_bucket(dest_fs, dest_root, config.to, what="export destination")
-    # One live writer per folder, exports and tokenize runs alike: --overwrite never removes a live writer's files.
-    with Lease(dest_fs, dest_root, url=config.to, command="export", announce=announce) as lease:
-        return _export_owned(config, manifest, lease, t0=t0, announce=announce)
+    return Lease(dest_fs, dest_root, url=config.to, command="export", announce=announce)
 
 
 def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,
