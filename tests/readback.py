@@ -39,9 +39,12 @@ def read_documents(out: Path) -> dict[tuple[str, int], tuple[str, list[int]]]:
             position += length
             docs[(part["input"], row)] = (doc_id, tokens[start:start + length].tolist())
         assert position == len(tokens) == part["tokens"]
-        assert part["rows"] == part["docs"] + part["skipped_null"] + part["skipped_empty"]
+        # skipped_invalid: rows whose text was not UTF-8, present only when --on-bad-file skip skipped some
+        assert part["rows"] == part["docs"] + part["skipped_null"] + part["skipped_empty"] + part.get("skipped_invalid", 0)
         assert part["docs"] == len(table["id"])
         for key in totals:
             totals[key] += part[key]
+    if "skipped_invalid" in manifest["totals"]:
+        totals["skipped_invalid"] = sum(part.get("skipped_invalid", 0) for part in manifest["partitions"])
     assert manifest["totals"] == totals
     return docs

@@ -111,7 +111,8 @@ def test_partition_files_are_the_bytes_numpy_and_arrow_write():
     assert entry == v1.PartitionEntry(
         index=7, input="s3://bucket/data/000.parquet", row_groups=(3, 5), rows=6, docs=3, skipped_null=2,
         skipped_empty=1, tokens=9, tokens_file="parts/part-00007.tokens.npy", docs_file="parts/part-00007.docs.parquet",
-        sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend="riptoken 1.0")
+        sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend="riptoken 1.0",
+        extra={"tokens_bytes": len(tokens_bytes), "docs_bytes": len(docs_bytes)})
     # No backend named: no backend key (as before backends existed).
     assert "backend" not in v1.partition_files(_Piece(), tokens, ids=ids, rows=rows, starts=starts, lengths=lengths,
                                                skipped_null=2, skipped_empty=1).entry.to_dict()
@@ -144,15 +145,36 @@ def test_done_record_reads_back_as_the_entry_it_commits(tmp_path):
     from tokenshards.tokenize import resume
 
     tokens = np.array([50256, 1, 2], dtype=np.uint16)
-    entry = v1.partition_files(_Piece(), tokens, ids=["a"], rows=[0], starts=[0], lengths=[3], skipped_null=5,
-                               skipped_empty=0, backend="tiktoken 0.12.0").entry
+    files = v1.partition_files(_Piece(), tokens, ids=["a"], rows=[0], starts=[0], lengths=[3], skipped_null=5,
+                               skipped_empty=0, backend="tiktoken 0.12.0")
+    entry = files.entry
     (tmp_path / "parts").mkdir()
+    (tmp_path / entry.tokens_file).write_bytes(files.tokens)  # resume trusts a partition whose files are there
+    (tmp_path / entry.docs_file).write_bytes(files.docs)
     done = tmp_path / v1.done_file(entry.index)
     done.write_text(json.dumps(resume.done_record(entry, "job-1")))
-    assert list(json.loads(done.read_text())) == list(v1.ENTRY_KEYS) + ["backend", "job"]
+    assert list(json.loads(done.read_text())) == list(v1.ENTRY_KEYS) + ["backend", "tokens_bytes", "docs_bytes", "job"]
     fs, root = filesystem(str(tmp_path))
     assert resume.committed_entries(fs, root, job="job-1", pieces=[_Piece()]) == {7: entry}
     with pytest.raises(OutputConflict, match=r"does not match this run's partition plan"):
         resume.committed_entries(fs, root, job="job-1", pieces=[_Piece(row_groups=(3, 4))])
     with pytest.raises(OutputConflict, match=r"written by a different run"):
         resume.committed_entries(fs, root, job="job-2", pieces=[_Piece()])
+
+
+def test_job_hash_leaves_out_file_identities_and_old_job_files_still_resume(tmp_path):
+    """Inputs' mtimes/ETags guard reruns (claim_output) but are not part of the job hash, so done
+    records keep the hash runs made before had; an OUT claimed by such a run still resumes."""
+    from tokenshards.storage.store import filesystem
+    from tokenshards.tokenize import resume
+
+    def identity(with_file_identity: bool) -> dict:
+        inputs = [{"path": "a.parquet", "rows": 3, "bytes": 10,
+                   **({"identity": {"size": 10, "mtime_ns": 1}} if with_file_identity else {})}]
+        return resume.job_identity(encoding={"name": "gpt2"}, encoding_fingerprint="f", eot_position="prefix",
+                                   text_column="text", id_column=None, partition_bytes=100, inputs=inputs)
+
+    assert resume.identity_hash(identity(True)) == resume.identity_hash(identity(False))
+    fs, root = filesystem(str(tmp_path))
+    resume.claim_output(fs, root, identity(False), url=str(tmp_path))  # an OUT claimed before identities
+    resume.claim_output(fs, root, identity(True), url=str(tmp_path))  # resumes

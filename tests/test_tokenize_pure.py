@@ -130,3 +130,20 @@ def test_a_disagreeing_fast_backend_fails_the_batch(gpt2, fast):
     backend = build_backend(fast, gpt2, dict(loaded.params, pat_str=r"\S+|\s+"))
     with pytest.raises(BackendMismatch, match="disagrees with tiktoken"):
         backend.encode_many(["hello world, this is text"])
+
+
+def test_huge_documents_go_to_tiktoken_under_a_fast_backend_with_equal_ids(gpt2, monkeypatch):
+    """Documents over HUGE_CHARS are encoded by tiktoken (lower peak memory), the rest by the fast
+    backend: the ids and their order are the same either way."""
+    from tokenshards.encoding import backends
+
+    loaded = load_encoding("gpt2")
+    for name in FAST_BACKENDS:
+        fast = build_backend(name, loaded.encoding, loaded.params)
+        monkeypatch.setattr(backends, "HUGE_CHARS", 40)
+        monkeypatch.setattr(backends, "CHECK_MAX_CHARS", 40)
+        texts = [t for t in AWKWARD if t][:8] + ["short", "x" * 41 + " huge enough"]
+        flat, lengths = fast.encode_many(texts)
+        want = [gpt2.encode_ordinary(t) for t in texts]
+        assert lengths.tolist() == [len(w) for w in want]
+        assert flat.tolist() == [i for w in want for i in w]

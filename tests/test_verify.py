@@ -317,3 +317,35 @@ def test_cli_missing_manifest_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == (f"tokenshards: error: {tmp_path / 'nothing'}: no manifest.json; not a finished "
                                        "tokenshards run (there is no such folder: check the path, or pass the --out "
                                        "folder of a `tokenshards tokenize` run)\n")
+
+
+def _drop_partition(out: Path, index: int) -> dict:
+    """Remove partition ``index`` from the manifest and OUT as a careful tamperer would: its files,
+    its share of the totals and of planned_partitions, so every bookkeeping check still adds up."""
+    manifest = _manifest(out)
+    entry = next(e for e in manifest["partitions"] if e["index"] == index)
+    manifest["partitions"].remove(entry)
+    for key in manifest["totals"]:
+        manifest["totals"][key] -= entry[key]
+    manifest["planned_partitions"] -= 1
+    _write_manifest(out, manifest)
+    for name in (entry["tokens_file"], entry["docs_file"], v1.done_file(index)):
+        (out / name).unlink()
+    return entry
+
+
+def test_last_partition_removed_from_manifest_and_out(copy, verify):
+    last = max(e["index"] for e in _manifest(copy)["partitions"])
+    entry = _drop_partition(copy, last)
+    problems = verify(copy).problems
+    assert any(p.startswith(f"input {entry['input']}: its partitions cover ") and "(a partition is missing" in p
+               for p in problems), problems
+
+
+def test_middle_partition_removed_leaves_a_row_group_gap(copy, verify):
+    manifest = _manifest(copy)
+    first_of_b = min(e["index"] for e in manifest["partitions"] if e["input"].endswith("b.parquet"))
+    entry = _drop_partition(copy, first_of_b)
+    problems = verify(copy).problems
+    assert any(p.startswith(f"input {entry['input']}: partition ") and "expected 0 (row groups missing)" in p
+               for p in problems), problems

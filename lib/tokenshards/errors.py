@@ -17,3 +17,8 @@ class InputError(UserError):
 
 class OutputConflict(UserError):
     """OUT already holds a different run; the message says what differs."""
+
+
+class InputChanged(UserError):
+    """An input was replaced or rewritten after the run planned it: never skipped (it is not
+    unreadable), the run stops before a partition mixes old and new content."""

@@ -137,7 +137,7 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks={bytes([b]): b for b in range(256)}, special_tokens={})
     except ValueError as e:
         raise UserError(f"--pattern: tiktoken cannot compile {pat_str!r} ({e}); use gpt2, cl100k or a regex it accepts") from e
-    sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options)
+    sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
     located = corpus.locate(sources, hub=config.hub, announce=announce)
 

@@ -164,9 +164,13 @@ class EncoderPlugin(WorkerPlugin):
     """Builds the encoding (and its backend) once per worker process; tasks fetch them with
     ``worker_encoding`` / ``worker_backend``.
 
-    The name is fixed by the encoding's fingerprint and the backend, so registering it again
-    (a rerun, a second client) replaces nothing and a different encoding never collides with it.
+    The name is fixed by the encoding's fingerprint and the backend, so a different encoding never
+    collides with it; and it is idempotent: registering it again (a second run or ``verify --deep``
+    on the same scheduler) leaves the running copy alone. Without that, distributed tears the old
+    copy down and sets the new one up while tasks of the first run call ``worker_backend``.
     """
+
+    idempotent = True
 
     def __init__(self, loaded: LoadedEncoding, *, backend: str = "tiktoken"):
         self.name = plugin_name(loaded, backend=backend)

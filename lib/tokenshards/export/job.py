@@ -22,6 +22,7 @@ from ..cluster.options import RunOptions
 from ..errors import UserError
 from ..cluster.progress import Progress, human
 from ..format.reader import open_manifest
+from ..storage.lease import Lease
 from ..wording import counted
 from ..storage.store import check_bucket, display_url, filesystem, is_local, is_s3, join, write_json
 from . import formats, valsplit
@@ -158,9 +159,25 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
     if config.shuffled:
         from .shuffle import run_shuffled_export
 
-        return run_shuffled_export(config, announce=announce)
+        with _dest_lease(config, announce=announce):
+            return run_shuffled_export(config, announce=announce)
     t0 = time.perf_counter()
     _, _, manifest = open_manifest(config.out, config.storage_options)
+    with _dest_lease(config, announce=announce) as lease:
+        return _export_owned(config, manifest, lease, t0=t0, announce=announce)
+
+
+def _dest_lease(config: ExportConfig, *, announce: Callable[[str], None]) -> Lease:
+    """One live writer per folder, exports and tokenize runs alike: --overwrite never removes a
+    live writer's files (``storage.lease``)."""
+    dest_fs, dest_root = filesystem(config.to, config.storage_options)
+    check_bucket(dest_fs, dest_root, config.to, what="export destination")
+    return Lease(dest_fs, dest_root, url=config.to, command="export", announce=announce)
+
+
+def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,
+                  announce: Callable[[str], None]) -> ExportSummary:
+    """The export, while it holds DEST's lease."""
     dtype = formats.output_dtype(config.format, manifest.encoding.dtype)
     entries = manifest.by_index()
     docs = np.array([e.docs for e in entries], dtype=np.int64)
@@ -174,7 +191,6 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
 
     dest_fs, dest_root = filesystem(config.to, config.storage_options)
     kind = target_kind(dest_fs)
-    check_bucket(dest_fs, dest_root, config.to, what="export destination")
     _prepare_dest(dest_fs, dest_root, config)
 
     with runner.connect_to(config, announce=announce) as client:
@@ -217,6 +233,7 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
         "splits": {s: {"docs": streams.docs(s), "tokens": streams.tokens(s)} for s in ("val", "train")},
         "files": [{"name": f.name, "split": f.split, "tokens": f.tokens, "bytes": f.nbytes} for f in files],
     }
+    lease.check()  # an export that stalled past its lease must not write its record over a successor's files
     write_json(dest_fs, join(dest_root, formats.record_name(config.format, config.name_prefix)), record)
     notes = []
     if config.format in ("llmc", "npy"):

@@ -216,6 +216,8 @@ def build_manifest(*, identity: dict, job: str, files: Sequence["InputFile"], sk
     ``job`` its hash."""
     entries = sorted(entries, key=lambda e: e.index)
     totals = {k: sum(int(getattr(e, k)) for e in entries) for k in TOTAL_KEYS}
+    if any("skipped_invalid" in e.extra for e in entries):  # only runs that skipped such rows carry the key
+        totals["skipped_invalid"] = sum(int(e.extra.get("skipped_invalid", 0)) for e in entries)
     extra = dict(extra or {})
     planned = extra.pop("planned_partitions", None)
     id_column, without_id = used_id_column(files)
@@ -226,7 +228,8 @@ def build_manifest(*, identity: dict, job: str, files: Sequence["InputFile"], sk
     return Manifest(
         encoding=Encoding.from_dict(identity["encoding"]), eot_position=identity["eot_position"],
         text_column=identity["text_column"], id_column=id_column,
-        inputs=tuple({"path": f.url, "name": f.name, "rows": f.rows, "bytes": f.bytes} for f in files),
+        inputs=tuple({"path": f.url, "name": f.name, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)}
+                     for f in files),
         partitions=tuple(entries), totals=totals, job=job, encoding_sha256=identity["encoding_sha256"],
         partition_bytes=identity["partition_bytes"], skipped_inputs=tuple(_skipped_entry(b) for b in skipped),
         planned_partitions=planned, extra=extra, backend=", ".join(used) if used else None,
@@ -247,6 +250,8 @@ def _skipped_entry(bad: "BadInput") -> dict:
     entry = {"path": bad.url, "reason": bad.reason}
     if bad.partition is not None:
         entry.update(partition=bad.partition, row_groups=list(bad.row_groups))
+        if getattr(bad, "rows", None) is not None:
+            entry["rows"] = bad.rows
     return entry
 
 
@@ -302,7 +307,8 @@ class PartFiles(NamedTuple):
 
 
 def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: list[str], rows, starts, lengths, skipped_null: int,
-                    skipped_empty: int, backend: str = "") -> PartFiles:
+                    skipped_empty: int, backend: str = "", invalid_rows: list[int] | None = None,
+                    max_listed: int = 100) -> PartFiles:
     """A partition's two data files and its entry, from its tokens and docs columns. Pure: the
     caller writes them (data files first, the done record that commits them last)."""
     tokens_bytes = npy_bytes(tokens)
@@ -312,13 +318,19 @@ def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: list[str], rows, 
         "start": pa.array(starts, pa.int64()),
         "length": pa.array(lengths, pa.int64()),
     })
+    docs_bytes = _parquet_bytes(docs)
     entry = PartitionEntry(
         index=piece.index, input=piece.input, row_groups=tuple(piece.row_groups), rows=piece.rows,
         docs=len(lengths), skipped_null=skipped_null, skipped_empty=skipped_empty, tokens=int(len(tokens)),
         tokens_file=tokens_file(piece.index), docs_file=docs_file(piece.index),
         sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend=backend or None,
+        # File sizes: resume compares them with one listing of parts/ (tokenize.resume).
+        extra={"tokens_bytes": len(tokens_bytes), "docs_bytes": len(docs_bytes),
+               # --on-bad-file skip: rows whose text is not UTF-8; rows == docs + every skipped_* count.
+               **({"skipped_invalid": len(invalid_rows), "invalid_rows": invalid_rows[:max_listed]}
+                  if invalid_rows else {})},
     )
-    return PartFiles(tokens_bytes, _parquet_bytes(docs), entry)
+    return PartFiles(tokens_bytes, docs_bytes, entry)
 
 
 def npy_bytes(tokens: np.ndarray) -> bytes:

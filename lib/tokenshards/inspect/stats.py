@@ -213,7 +213,8 @@ def report_lines(stats: RunStats) -> list[str]:
         f"inputs      {counted(len(m.inputs), 'file')}, {totals['rows']:,} rows"
         + (f"; {counted(len(m.skipped_inputs), 'unreadable input')} skipped" if m.skipped_inputs else ""),
         f"partitions  {len(m.partitions)}",
-        f"documents   {totals['docs']:,} (skipped {totals['skipped_null']:,} null and {totals['skipped_empty']:,} empty rows)",
+        f"documents   {totals['docs']:,} (skipped {totals['skipped_null']:,} null and {totals['skipped_empty']:,} empty rows"
+        + (f", {totals['skipped_invalid']:,} not UTF-8" if totals.get("skipped_invalid") else "") + ")",
         f"tokens      {totals['tokens']:,} ({human(totals['tokens'] * itemsize)}B of token files)",
     ]
     if (stats.docs, stats.tokens) != (totals["docs"], totals["tokens"]):

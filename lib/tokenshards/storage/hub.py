@@ -494,9 +494,17 @@ class HubFetchPlugin(WorkerPlugin):
         digest = hashlib.sha256(repr((self.ds, self.key, sorted(self.files))).encode()).hexdigest()[:16]
         self.name = f"tokenshards-hub-{digest}"
 
+    idempotent = True
+    """Same name, same listing: a second run on the same scheduler keeps the running copy."""
+
     def setup(self, worker):
         HubCacheFileSystem.datasets[self.key] = (self.ds, self.files)
         fsspec.register_implementation(PROTOCOL, HubCacheFileSystem, clobber=True)
+
+    def teardown(self, worker):
+        """Unregistered (or the worker closes): forget this listing unless another plugin replaced it."""
+        if HubCacheFileSystem.datasets.get(self.key) == (self.ds, self.files):
+            del HubCacheFileSystem.datasets[self.key]
 
 
 def _worker_free(path: str | None) -> tuple[str, str, int]:

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import glob as globlib
+import os
 import posixpath
 from dataclasses import dataclass
+from typing import Callable
 
 from ..errors import UserError
 from .store import check_bucket, display_url, filesystem, is_local, storage_error
@@ -25,9 +27,12 @@ def _glob_base(pattern: str) -> str:
     return head
 
 
-def resolve_inputs(specs: tuple[str, ...] | list[str], storage_options: dict | None = None) -> list[Source]:
-    """Every parquet file named by ``specs``, sorted by URL, each once."""
+def resolve_inputs(specs: tuple[str, ...] | list[str], storage_options: dict | None = None, *,
+                   announce: Callable[[str], None] = lambda msg: None) -> list[Source]:
+    """Every parquet file named by ``specs``, sorted by URL, each once: a local file reached by two
+    paths (a symlink, a hard link: the same device and inode) is kept under its first URL, and said."""
     found: dict[str, Source] = {}
+    real: dict[str, tuple[int, int]] = {}
     for spec in specs:
         fs, path = filesystem(spec, storage_options)
         check_bucket(fs, path, spec, what="input")
@@ -57,4 +62,16 @@ def resolve_inputs(specs: tuple[str, ...] | list[str], storage_options: dict | N
             url = display_url(fs, p)
             name = posixpath.relpath(p, base) if base else p
             found.setdefault(url, Source(url=url, name=name))
+            if is_local(fs):
+                st = os.stat(p)
+                real[url] = (st.st_dev, st.st_ino)
+    by_real: dict[tuple[int, int], list[str]] = {}
+    for url in sorted(real):
+        by_real.setdefault(real[url], []).append(url)
+    for urls in by_real.values():
+        if len(urls) > 1:
+            for dup in urls[1:]:
+                del found[dup]
+            announce(f"warning: {', '.join(urls)} are one file (a symlink or hard link); tokenizing it once, "
+                     f"as {urls[0]}")
     return [found[u] for u in sorted(found)]

@@ -109,6 +109,37 @@ def part_size(nbytes: int) -> int:
     return max(PART_BYTES, -(-needed // MIB) * MIB)
 
 
+IDENTITY_KEYS = ("ETag", "VersionId", "generation", "md5Hash", "etag", "version_id", "LastModified", "last_modified",
+                 "mtime")
+"""What fsspec stores report beside the size that changes when an object is replaced (S3, GCS, ...)."""
+
+
+def file_identity(fs: fsspec.AbstractFileSystem, path: str) -> tuple[tuple[str, object], ...]:
+    """What tells this version of a file from a replacement: its size plus what the store offers
+    (local: mtime in ns; S3: ETag and version id; a Hugging Face cache blob: its content-hash name).
+    A tuple of pairs, so the frozen plan objects holding it stay hashable."""
+    if is_local(fs):
+        st = os.stat(path)
+        real = os.path.realpath(path)
+        if os.path.basename(os.path.dirname(real)) == "blobs":
+            # huggingface_hub names cache blobs by their hash: a re-download is the same file.
+            return (("size", st.st_size), ("blob", os.path.basename(real)))
+        return (("size", st.st_size), ("mtime_ns", st.st_mtime_ns))
+    info = fs.info(path)
+    found = [("size", info.get("size"))]
+    found += [(k, str(info[k])) for k in IDENTITY_KEYS if info.get(k) not in (None, "")]
+    if any(k in ("ETag", "etag", "VersionId", "generation", "md5Hash") for k, _ in found):
+        found = [(k, v) for k, v in found if k not in ("LastModified", "last_modified", "mtime")]
+    return tuple(found)
+
+
+def describe_identity_change(old, new) -> str:
+    """'size 100 → 120, mtime_ns ... → ...' for a one-line message."""
+    old, new = dict(old), dict(new)
+    return ", ".join(f"{k} {old.get(k)} → {new.get(k)}" for k in sorted(set(old) | set(new))
+                     if old.get(k) != new.get(k)) or "nothing visible"
+
+
 def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that no reader ever sees a partial object."""
     if is_local(fs):

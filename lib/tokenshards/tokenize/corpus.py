@@ -44,9 +44,10 @@ class Corpus:
         return sum(p.text_bytes for p in self.pieces)
 
 
-def find_inputs(inputs: tuple[str, ...], *, storage_options: dict) -> list[Source]:
+def find_inputs(inputs: tuple[str, ...], *, storage_options: dict,
+                announce: Callable[[str], None] = lambda msg: None) -> list[Source]:
     """The parquet files ``--input`` names (cheap: listings only), checked before the output is."""
-    return resolve_inputs(inputs, storage_options) if inputs else []
+    return resolve_inputs(inputs, storage_options, announce=announce) if inputs else []
 
 
 def locate(sources: list[Source], *, hub: HubDataset | None, announce: Callable[[str], None]) -> Located:

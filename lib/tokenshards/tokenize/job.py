@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from .plan import BadInput, Piece
 from . import resume
 from ..cluster.progress import Progress, human
 from ..wording import counted
+from ..storage.lease import Lease
 from ..storage.store import abort_stale_uploads, ensure_writable, filesystem, join, storage_options
 
 
@@ -56,12 +58,20 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     t0 = time.perf_counter()
     # Options (credentials too) travel in the task graph; their repr hides values from logs.
     config = config.replace(storage_options=storage_options(config.storage_options))
-    sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options)
+    sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     out_fs, out_root = filesystem(config.out, config.storage_options)
     ensure_writable(out_fs, out_root, config.out)  # a missing bucket or dead endpoint fails here, in one line
+    # One live writer per OUT: taken before anything in OUT is removed or written, held to the end.
+    with Lease(out_fs, out_root, url=config.out, command="tokenize", announce=announce) as lease:
+        return _run_owned(config, sources, lease, out_fs, out_root, t0=t0, announce=announce)
+
+
+def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_root: str, *, t0: float,
+               announce: Callable[[str], None]) -> Summary:
+    """The run, while it holds OUT's lease."""
     if config.overwrite and out_fs.exists(out_root):
         announce(f"--overwrite: removing the earlier run in {config.out}")
-        resume.remove_run(out_fs, out_root)
+        resume.remove_run(out_fs, out_root, url=config.out)
     report = _performance_report(config.report)
     # Checked before a cluster starts; its notes wait so that the dashboard link comes first.
     encoding_notes: list[str] = []
@@ -81,12 +91,15 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
         identity = resume.job_identity(
             encoding=spec.as_dict(), encoding_fingerprint=loaded.fingerprint, eot_position=config.eot_position,
             text_column=config.text_column, id_column=config.id_column, partition_bytes=plan.partition_bytes,
-            inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes} for f in files],
+            inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)} for f in files],
         )
         job = resume.identity_hash(identity)
         resume.claim_output(out_fs, out_root, identity, url=config.out)
         _clear_leftovers(out_fs, out_root)
-        committed = resume.committed_entries(out_fs, out_root, job=job, pieces=pieces)
+        redo: list[str] = []
+        committed = resume.committed_entries(out_fs, out_root, job=job, pieces=pieces, redo=redo)
+        for note in redo:
+            announce(note)
         pending = [p for p in pieces if p.index not in committed]
         announce(f"{counted(len(plan.sources), 'input file')}, {sum(f.rows for f in files):,} rows, "
                  f"{human(plan.text_bytes)}B of text in {counted(len(pieces), 'partition')}"
@@ -105,6 +118,14 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
     # A worker killed mid-write during this run left one too; every partition is committed now.
     _clear_leftovers(out_fs, out_root)
+    lease.check()  # a run that stalled past its lease must not commit over its successor's files
+    for e in sorted(entries.values(), key=lambda e: e.index):
+        if e.extra.get("skipped_invalid"):
+            rows = ", ".join(map(str, e.extra["invalid_rows"][:5])) + (", …" if e.extra["skipped_invalid"] > 5 else "")
+            announce(f"skipped {counted(e.extra['skipped_invalid'], 'row')} of {e.input} (partition {e.index}) whose "
+                     f"text is not valid UTF-8: rows {rows}; recorded as skipped_invalid in the manifest")
+    rows_of = {p.index: p.rows for p in pieces}  # so that verify can check each input's rows are covered
+    unreadable = [dataclasses.replace(b, rows=rows_of[b.partition]) if b.partition is not None else b for b in unreadable]
     result = manifest.build_manifest(identity=identity, job=job, files=files, skipped=unreadable, entries=list(entries.values()),
                                      extra={"planned_partitions": len(pieces),
                                             **({"hub": plan.listing.record()} if plan.listing is not None else {})})

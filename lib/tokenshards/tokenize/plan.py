@@ -12,9 +12,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError
-from ..storage.store import filesystem
+from ..storage.store import file_identity, filesystem
 
 STRING_TYPES = (pa.string(), pa.large_string(), pa.string_view())
+
+
+def is_text_type(t: pa.DataType) -> bool:
+    """Strings, or dictionary-encoded strings (how some writers store repetitive text)."""
+    return t in STRING_TYPES or (pa.types.is_dictionary(t) and t.value_type in STRING_TYPES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +32,8 @@ class InputFile:
     row_group_text_bytes: tuple[int, ...]
     id_column: str | None
     """The column document ids come from, or None for ``"<name>:<row>"``."""
+    identity: tuple = ()
+    """``store.file_identity`` when the footer was read: tasks check it before and after reading."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,6 +44,8 @@ class BadInput:
     reason: str
     partition: int | None = None
     row_groups: tuple[int, int] | None = None
+    rows: int | None = None
+    """The skipped partition's rows, so that verify can check the partitions cover each input."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +59,7 @@ class Piece:
     rows: int
     text_bytes: int
     id_column: str | None
+    identity: tuple = ()
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -60,7 +70,8 @@ def read_input_metadata(url: str, name: str, *, text_column: str, id_column: str
     """Footer only: row counts, row groups and the text column's size. Runs on a worker."""
     fs, path = filesystem(url, storage_options)
     try:
-        size = fs.size(path)
+        identity = file_identity(fs, path)
+        size = dict(identity)["size"]
         with fs.open(path, "rb") as f:
             meta = pq.ParquetFile(f).metadata
             schema = meta.schema.to_arrow_schema()
@@ -72,10 +83,14 @@ def read_input_metadata(url: str, name: str, *, text_column: str, id_column: str
         raise InputError(f"{url}: not a readable parquet file ({str(e).splitlines()[0]}); re-download or remove it, "
                          "or pass --on-bad-file skip") from e
     if text_column not in schema.names:
-        raise InputError(f"{url}: no text column {text_column!r}; columns are {', '.join(schema.names)}; pass --text-column NAME")
+        raise InputError(f"{url}: no text column {text_column!r}; columns are {', '.join(schema.names)}"
+                         + ("; pass --text-column NAME" if text_column == "text" else ""))
     text_type = schema.field(text_column).type
-    if text_type not in STRING_TYPES:
-        raise InputError(f"{url}: column {text_column!r} holds {text_type}, not strings; pass --text-column with a string column")
+    if not is_text_type(text_type):
+        strings = [f.name for f in schema if is_text_type(f.type) and f.name != text_column]
+        hint = (f"; string columns are {', '.join(strings)}" if strings else "; it has no string column")
+        raise InputError(f"{url}: column {text_column!r} holds {text_type}, not strings{hint}"
+                         + ("; pass --text-column NAME" if strings and text_column == "text" else ""))
     if id_column is not None and id_column not in schema.names:
         raise InputError(f"{url}: no id column {id_column!r}; columns are {', '.join(schema.names)}")
     resolved_id = id_column if id_column is not None else ("id" if "id" in schema.names else None)
@@ -85,7 +100,7 @@ def read_input_metadata(url: str, name: str, *, text_column: str, id_column: str
         rg_rows.append(rg.num_rows)
         rg_bytes.append(_column_bytes(rg, text_column))
     return InputFile(url=url, name=name, rows=meta.num_rows, bytes=size, row_group_rows=tuple(rg_rows),
-                     row_group_text_bytes=tuple(rg_bytes), id_column=resolved_id)
+                     row_group_text_bytes=tuple(rg_bytes), id_column=resolved_id, identity=identity)
 
 
 def _column_bytes(row_group: pq.RowGroupMetaData, name: str) -> int:
@@ -102,8 +117,15 @@ def read_input_or_bad(url: str, name: str, *, on_bad_file: str, **kwargs) -> Inp
         return read_input_metadata(url, name, **kwargs)
     except InputError as e:
         if on_bad_file == "skip":
-            return BadInput(url=url, reason=str(e))
+            return BadInput(url=url, reason=without_skip_hint(str(e)))
         raise
+
+
+def without_skip_hint(message: str) -> str:
+    """A reason recorded under --on-bad-file skip: messages never suggest the flag already given."""
+    for hint in ("; re-download the file or pass --on-bad-file skip", ", or pass --on-bad-file skip", " or pass --on-bad-file skip"):
+        message = message.replace(hint, "")
+    return message
 
 
 def plan_pieces(files: list[InputFile], *, target_bytes: int) -> list[Piece]:
@@ -125,4 +147,4 @@ def plan_pieces(files: list[InputFile], *, target_bytes: int) -> list[Piece]:
 
 def _piece(index: int, f: InputFile, start: int, stop: int, first_row: int, rows: int, size: int) -> Piece:
     return Piece(index=index, input=f.url, name=f.name, row_groups=(start, stop), first_row=first_row,
-                 rows=rows, text_bytes=size, id_column=f.id_column)
+                 rows=rows, text_bytes=size, id_column=f.id_column, identity=f.identity)

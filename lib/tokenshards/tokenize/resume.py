@@ -8,7 +8,7 @@ import json
 
 import fsspec
 
-from ..errors import OutputConflict
+from ..errors import OutputConflict, UserError
 from ..format import v1
 from ..format.v1 import PartitionEntry
 from ..storage.store import join, read_json, write_json
@@ -33,7 +33,14 @@ def job_identity(*, encoding: dict, encoding_fingerprint: str, eot_position: str
 
 
 def identity_hash(identity: dict) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    """The job hash in done records and the manifest. Inputs' file identities (mtime, ETag) are left
+    out: they guard a rerun through ``claim_output``, and leaving them out keeps the hash (and the
+    bytes of done records) what runs made before they were recorded have."""
+    return hashlib.sha256(json.dumps(_without_file_identities(identity), sort_keys=True).encode()).hexdigest()
+
+
+def _without_file_identities(identity: dict) -> dict:
+    return {**identity, "inputs": [{k: v for k, v in i.items() if k != "identity"} for i in identity.get("inputs", [])]}
 
 
 def done_record(entry: PartitionEntry, job: str) -> dict:
@@ -41,15 +48,21 @@ def done_record(entry: PartitionEntry, job: str) -> dict:
     return {**entry.to_dict(), "job": job}
 
 
-def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str,
-                      pieces: list[Piece]) -> dict[int, PartitionEntry]:
-    """Partitions an earlier run of the *same* job committed (their done record exists).
+def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pieces: list[Piece],
+                      redo: list[str] | None = None) -> dict[int, PartitionEntry]:
+    """Partitions an earlier run of the *same* job committed: their done record exists and so do
+    their tokens and docs files, at the sizes the record gives (one listing of ``parts/``, not a
+    HEAD per file). A committed partition whose files are gone or resized is left out, to be
+    redone; why goes to ``redo``.
 
     A done record of another job means OUT holds a different run: refuse, saying what differs.
     """
     by_index = {p.index: p for p in pieces}
     found: dict[int, PartitionEntry] = {}
-    paths = sorted(fs.glob(join(root, "parts", "part-*.done.json")))
+    parts = join(root, "parts")
+    listing = fs.find(parts, detail=True) if fs.exists(parts) else {}
+    sizes = {_relative(root, path): info.get("size") for path, info in listing.items()}
+    paths = sorted(p for p in listing if p.endswith(".done.json") and p.rsplit("/", 1)[-1].startswith("part-"))
     # One batched read: s3fs fetches the records concurrently, which matters for 10^4 of them.
     contents = fs.cat(paths) if paths else {}
     for path in paths:
@@ -66,8 +79,30 @@ def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str,
         piece = by_index.get(entry.index)
         if piece is None or entry.input != piece.input or entry.row_groups != tuple(piece.row_groups):
             raise OutputConflict(f"{path} does not match this run's partition plan; pass --overwrite to replace it")
+        problem = _files_problem(entry, sizes)
+        if problem:
+            if redo is not None:
+                redo.append(f"partition {entry.index}: {problem}; redoing it")
+            continue
         found[entry.index] = entry
     return found
+
+
+def _relative(root: str, path: str) -> str:
+    prefix = root.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else path
+
+
+def _files_problem(entry: PartitionEntry, sizes: dict[str, int | None]) -> str | None:
+    """Why a committed partition's files cannot be trusted, or None. Done records from before
+    sizes were recorded are checked for presence only."""
+    for name, size_key in ((entry.tokens_file, "tokens_bytes"), (entry.docs_file, "docs_bytes")):
+        if name not in sizes:
+            return f"{name} is missing"
+        want = entry.extra.get(size_key)
+        if want is not None and sizes[name] is not None and sizes[name] != want:
+            return f"{name} has {sizes[name]} bytes, its done record says {want}"
+    return None
 
 
 def describe_conflict(old: dict, new: dict) -> str:
@@ -83,7 +118,7 @@ def describe_conflict(old: dict, new: dict) -> str:
     removed = len(old_inputs.keys() - new_inputs.keys())
     changed = sum(1 for k in old_inputs.keys() & new_inputs.keys() if old_inputs[k] != new_inputs[k])
     if added or removed or changed:
-        changes.append(f"inputs ({added} added, {removed} removed, {changed} changed in size or rows)")
+        changes.append(f"inputs ({added} added, {removed} removed, {changed} changed: size, rows or modification)")
     return "; ".join(changes) or "nothing visible"
 
 
@@ -92,6 +127,8 @@ def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, ur
     path = join(root, JOB_FILE)
     if fs.exists(path):
         old = read_json(fs, path)
+        if not any("identity" in i for i in old.get("inputs", [])):
+            identity = _without_file_identities(identity)  # recorded by a version that kept no file identities
         if old != identity:
             raise OutputConflict(f"{url} already holds a different run ({describe_conflict(old, identity)}); "
                                  "use another --out, or pass --overwrite to replace it")
@@ -101,12 +138,16 @@ def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, ur
     write_json(fs, path, identity)
 
 
-def remove_run(fs: fsspec.AbstractFileSystem, root: str) -> None:
-    """Everything a run writes in OUT (``--overwrite``); other files there are left alone."""
+def remove_run(fs: fsspec.AbstractFileSystem, root: str, *, url: str = "") -> None:
+    """Everything a run writes in OUT (``--overwrite``, under OUT's lease); other files there are left alone."""
     for name in (v1.MANIFEST, JOB_FILE, "parts"):
         path = join(root, name)
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
+        try:
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
+        except OSError as e:  # a straggling writer (a worker of a dead client) adding files meanwhile
+            raise UserError(f"--overwrite could not remove {url or root}/{name} ({type(e).__name__}: {e}); "
+                            "is something else still writing there? rerun once it stopped") from e
 
 
 def remove_stale_temporaries(fs: fsspec.AbstractFileSystem, root: str) -> int:

@@ -35,6 +35,8 @@ class Expected:
     text_column: str
     encoder_plugin: str | None = None
     """Set when --deep compares documents: the worker plugin holding the encoding."""
+    input_identities: dict | None = None
+    """--deep: {input path: its identity when tokenized} for the sampled partitions' inputs."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,7 +82,8 @@ def check_manifest(manifest: dict) -> list[str]:
         if missing:
             problems.append(f"manifest.json: partitions[{i}] lacks {', '.join(missing)}")
             continue
-        not_counts = [k for k in ("index", *v1.TOTAL_KEYS) if not _is_count(entry[k])]
+        not_counts = [k for k in ("index", *v1.TOTAL_KEYS, "skipped_invalid")
+                      if (k in entry or k != "skipped_invalid") and not _is_count(entry[k])]
         if not_counts:
             problems.append(f"manifest.json: partitions[{i}] has {', '.join(not_counts)} that are not counts")
     if not isinstance(manifest["totals"], dict):
@@ -113,20 +116,60 @@ def check_entries(manifest: Manifest) -> list[str]:
     known_inputs = {i.get("path") for i in manifest.inputs if isinstance(i, dict)}
     for e in entries:
         where = f"partition {e.index}"
-        if e.rows != e.docs + e.skipped_null + e.skipped_empty:
+        invalid = e.extra.get("skipped_invalid", 0)  # rows that were not UTF-8 (--on-bad-file skip)
+        if e.rows != e.docs + e.skipped_null + e.skipped_empty + invalid:
             problems.append(f"{where}: rows {e.rows} != docs {e.docs} + skipped_null {e.skipped_null} "
-                            f"+ skipped_empty {e.skipped_empty}")
+                            f"+ skipped_empty {e.skipped_empty}" + (f" + skipped_invalid {invalid}" if invalid else ""))
         if e.input not in known_inputs:
             problems.append(f"{where}: input {e.input!r} is not among the manifest's inputs")
         for key in ("tokens_file", "docs_file"):
             path = getattr(e, key)
             if not isinstance(path, str) or path.startswith("/") or "://" in path or ".." in path.split("/"):
                 problems.append(f"{where}: {key} {path!r} is not a path relative to OUT")
+    problems += check_coverage(manifest)
     totals = manifest.totals
+    if "skipped_invalid" in totals or any("skipped_invalid" in e.extra for e in entries):
+        total = sum(int(e.extra.get("skipped_invalid", 0)) for e in entries)
+        if totals.get("skipped_invalid") != total:
+            problems.append(f"manifest.json: totals.skipped_invalid is {totals.get('skipped_invalid')}, "
+                            f"the partitions sum to {total}")
     for key in v1.TOTAL_KEYS:
         total = sum(int(getattr(e, key)) for e in entries)
         if totals.get(key) != total:
             problems.append(f"manifest.json: totals.{key} is {totals.get(key)}, the partitions sum to {total}")
+    return problems
+
+
+def check_coverage(manifest: Manifest) -> list[str]:
+    """Each input's rows are covered once: its partitions (and partitions skipped as unreadable)
+    run over consecutive row groups from the first, and their rows add up to the input's."""
+    by_input: dict[str, list[tuple]] = {}
+    for e in manifest.partitions:
+        by_input.setdefault(e.input, []).append((e.row_groups, e.rows, e.index))
+    for s in manifest.skipped_inputs:
+        if isinstance(s, dict) and "partition" in s:
+            by_input.setdefault(s.get("path"), []).append((s.get("row_groups"), s.get("rows"), s["partition"]))
+    problems = []
+    for inp in manifest.inputs:
+        if not isinstance(inp, dict) or not _is_count(inp.get("rows")):
+            continue
+        path, rows = inp.get("path"), inp["rows"]
+        parts = [p for p in by_input.get(path, []) if isinstance(p[0], (list, tuple)) and len(p[0]) == 2]
+        parts.sort(key=lambda p: tuple(p[0]))
+        if not by_input.get(path):
+            if rows:
+                problems.append(f"input {path}: no partition covers its {rows:,} rows")
+            continue
+        stop = 0
+        for groups, _, index in parts:
+            if groups[0] != stop:
+                problems.append(f"input {path}: partition {index} starts at row group {groups[0]}, expected {stop} "
+                                f"(row groups {'missing' if groups[0] > stop else 'covered twice'})")
+            stop = groups[1]
+        counts = [r for _, r, _ in by_input[path]]
+        if all(_is_count(r) for r in counts) and sum(counts) != rows:
+            problems.append(f"input {path}: its partitions cover {sum(counts):,} rows, the input has {rows:,} "
+                            "(a partition is missing from manifest.json)")
     return problems
 
 

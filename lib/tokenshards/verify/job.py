@@ -28,7 +28,8 @@ from ..cluster.options import RunOptions
 from ..encoding.encoders import EncoderPlugin, load_encoding, plugin_name, worker_encoding
 from ..errors import UserError
 from ..wording import counted
-from ..storage.store import filesystem, is_local, join, read_json, storage_options
+from ..storage.store import (describe_identity_change, file_identity, filesystem, is_local, join, read_json,
+                             storage_options)
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
 
@@ -143,6 +144,11 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
     where = f"partition {entry.index}"
     rows = docs.column("row").to_pylist()
     sample = [i for i in sample if i < len(rows)]  # a wrong docs count is already reported
+    changed = _input_change(entry.input, (expected.input_identities or {}).get(entry.input),
+                            storage_options=storage_options)
+    if changed:
+        return [f"{where}: input changed since the run ({entry.input}: {changed}); its documents were not "
+                "compared; re-tokenize it to check"], 0
     try:
         texts = _read_rows(entry.input, [rows[i] for i in sample], row_groups=entry.row_groups,
                            text_column=expected.text_column, storage_options=storage_options)
@@ -167,6 +173,20 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
         if diff:
             problems.append(f"{label}: differs from tiktoken encode_ordinary: {diff}")
     return problems, len(sample)
+
+
+def _input_change(url: str, recorded: dict | None, *, storage_options: dict) -> str | None:
+    """How the input differs from when it was tokenized, or None (also when nothing was recorded)."""
+    if not recorded:
+        return None
+    fs, path = filesystem(url, storage_options)
+    try:
+        now = file_identity(fs, path)
+    except FileNotFoundError:
+        return "removed"
+    if dict(now) == recorded:
+        return None
+    return describe_identity_change(tuple(recorded.items()), now)
 
 
 def _read_rows(url: str, rows: list[int], *, row_groups: tuple[int, int], text_column: str,
@@ -237,7 +257,10 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     with runner.connect_to(config, announce=announce) as client:
         if loaded is not None:
             client.register_plugin(EncoderPlugin(loaded))
-            expected = dataclasses.replace(expected, encoder_plugin=plugin_name(loaded))
+            sampled = {e.input for e in entries if sample.get(e.index)}
+            identities = {i["path"]: i["identity"] for i in manifest.inputs
+                          if isinstance(i, dict) and i.get("path") in sampled and isinstance(i.get("identity"), dict)}
+            expected = dataclasses.replace(expected, encoder_plugin=plugin_name(loaded), input_identities=identities)
         announce(f"verifying {counted(len(entries), 'partition')} of {config.out}"
                  + (f", re-tokenizing {sum(map(len, sample.values()))} documents" if sample else ""))
         partition_problems, compared = _verify_partitions(client, entries, sample, config=config, expected=expected)

@@ -1,0 +1,358 @@
+"""One live writer per output folder: a lease object in it, taken atomically, renewed while the
+run lives, stale after a TTL (or at once when its process is gone from this machine).
+
+Why a lease and not a lock: a lock held by a process that crashed, or by a machine that went
+away, would block the rerun forever; a lease expires. Why in OUT itself: it must work where OUT
+lives (a local disk, a shared filesystem, S3) for every machine that can write there.
+
+How each store makes "take it only if nobody holds it" atomic:
+- Local and shared filesystems: the record is written to a temporary file, then ``os.link``-ed
+  to the lease name; ``link`` fails when the name exists (atomic on local disks and on NFS, which
+  ``O_EXCL`` was not before NFSv3). A stale lease is first renamed away (only one of two racers
+  can rename the same file), checked to be the stale record that was judged, then replaced.
+- S3: conditional PutObject. ``If-None-Match: *`` creates the lease only when absent, and
+  ``If-Match: <ETag>`` renews or takes over only the exact version that was read, so two runs can
+  never both win. AWS S3 has both since late 2024; moto 5 enforces both; s3fs 2026.9 maps the
+  412 to ``FileExistsError`` / ``OSError``. We call botocore's ``put_object`` through
+  ``fs.call_s3`` rather than s3fs's ``pipe_file(mode="create")`` because renewal needs
+  ``If-Match`` too, and the ETag that comes back with each write.
+- Other fsspec stores: check, then write (not atomic; said in the README).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import fsspec
+
+from ..errors import UserError
+from .store import display_url, is_local, is_s3, join, write_atomic
+
+LEASE_FILE = ".tokenshards-lease.json"
+DEFAULT_TTL = 120.0
+"""Seconds a lease lives without renewal. Renewed every TTL/4, so a run survives three failed
+renewals in a row (a storage hiccup) and a crashed run on another machine blocks a rerun for at
+most two minutes. Clocks of the machines must agree to well within this."""
+
+
+class LeaseHeld(UserError):
+    """Another live run writes OUT; the message names it and says how to proceed."""
+
+
+class LeaseLost(UserError):
+    """This run's lease was taken over (it stalled past its TTL); it must not commit."""
+
+
+class _Conflict(Exception):
+    """A conditional write lost: somebody else's lease is in place."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseRecord:
+    run: str
+    command: str
+    host: str
+    pid: int
+    started: float
+    renewed: float
+    ttl: float
+
+    @property
+    def expires(self) -> float:
+        return self.renewed + self.ttl
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(asdict(self), indent=1) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> "LeaseRecord | None":
+        """None for a record that isn't one (half-written by a foreign tool, hand-edited): stale."""
+        try:
+            data = json.loads(raw)
+            return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        except (ValueError, TypeError, KeyError):
+            return None
+
+    def describe(self, now: float) -> str:
+        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
+        return (f"a {self.command} run on host {self.host}, pid {self.pid}, started {started}, "
+                f"lease renewed {max(now - self.renewed, 0):.0f} s ago")
+
+    def is_stale(self, now: float, *, host: str) -> bool:
+        """Expired, or held by a process of this machine that no longer exists."""
+        return now > self.expires or (self.host == host and not _pid_alive(self.pid))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+# -- per-store atomic operations: a token identifies the version read or written --------------
+
+class _LocalOps:
+    def __init__(self, path: str):
+        self.path = path
+
+    def read(self) -> tuple[bytes, bytes] | None:
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return None
+        return raw, raw
+
+    def create(self, data: bytes) -> bytes:
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError as e:
+            raise _Conflict() from e
+        finally:
+            os.remove(tmp)
+        return data
+
+    def replace(self, data: bytes, token: bytes, *, mine: bool) -> bytes:
+        if mine:  # renewal: the owner rewrites its own record after checking it is still there
+            current = self.read()
+            if current is None or current[1] != token:
+                raise _Conflict()
+            write_atomic(fsspec.filesystem("file"), self.path, data)
+            return data
+        # Takeover of a stale lease: rename it away (one racer wins), check it is what we judged.
+        aside = f"{self.path}.{uuid.uuid4().hex}.stale"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError as e:
+            raise _Conflict() from e
+        try:
+            with open(aside, "rb") as f:
+                if f.read() != token:  # renewed or replaced since we read it: put it back
+                    with contextlib.suppress(FileExistsError):
+                        os.link(aside, self.path)
+                    raise _Conflict()
+            return self.create(data)
+        finally:
+            os.remove(aside)
+
+    def delete(self, token: bytes) -> None:
+        current = self.read()
+        if current is not None and current[1] == token:
+            os.remove(self.path)
+
+
+class _S3Ops:
+    def __init__(self, fs, path: str):
+        self.fs = fs
+        self.bucket, _, self.key = path.partition("/")
+
+    def read(self) -> tuple[bytes, str] | None:
+        # HEAD, GET, HEAD: the body belongs to the ETag when both HEADs agree (each write's body differs).
+        for _ in range(5):
+            try:
+                before = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self.key)["ETag"]
+                raw = self.fs.cat_file(f"{self.bucket}/{self.key}")
+                after = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self.key)["ETag"]
+            except FileNotFoundError:
+                return None
+            if before == after:
+                return raw, after
+        raise OSError(errno.EAGAIN, f"s3://{self.bucket}/{self.key} keeps changing while read")
+
+    def _put(self, data: bytes, **condition) -> str:
+        try:
+            return self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=data, **condition)["ETag"]
+        except OSError as e:
+            if _is_precondition(e):
+                raise _Conflict() from e
+            raise
+
+    def create(self, data: bytes) -> str:
+        return self._put(data, IfNoneMatch="*")
+
+    def replace(self, data: bytes, token: str, *, mine: bool) -> str:
+        try:
+            return self._put(data, IfMatch=token)
+        except FileNotFoundError as e:  # removed since: not ours any more
+            raise _Conflict() from e
+
+    def delete(self, token: str) -> None:
+        current = self.read()
+        if current is not None and current[1] == token:
+            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key)
+
+
+def _is_precondition(e: BaseException) -> bool:
+    if isinstance(e, FileExistsError):
+        return True
+    response = getattr(e.__cause__, "response", None) or {}
+    code = response.get("Error", {}).get("Code")
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
+
+
+class _GenericOps:
+    """Stores without conditional writes here: check, then write (a narrow race remains)."""
+
+    def __init__(self, fs, path: str):
+        self.fs, self.path = fs, path
+
+    def read(self):
+        try:
+            raw = self.fs.cat_file(self.path)
+        except FileNotFoundError:
+            return None
+        return raw, raw
+
+    def create(self, data: bytes):
+        if self.fs.exists(self.path):
+            raise _Conflict()
+        write_atomic(self.fs, self.path, data)
+        return data
+
+    def replace(self, data: bytes, token, *, mine: bool):
+        current = self.read()
+        if current is None and not mine:
+            return self.create(data)
+        if current is None or current[1] != token:
+            raise _Conflict()
+        write_atomic(self.fs, self.path, data)
+        return data
+
+    def delete(self, token) -> None:
+        current = self.read()
+        if current is not None and current[1] == token:
+            self.fs.rm(self.path)
+
+
+def _ops(fs, path: str):
+    if is_local(fs):
+        return _LocalOps(path)
+    if is_s3(fs):
+        return _S3Ops(fs, path)
+    return _GenericOps(fs, path)
+
+
+# -- the lease ----------------------------------------------------------------------------------
+
+class Lease:
+    """``with Lease(fs, root, url=..., command="tokenize") as lease:`` owns OUT for the block:
+    taken on entry (or ``LeaseHeld``), renewed by a daemon thread, released on exit. Call
+    ``check()`` right before the commit point."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, *, url: str, command: str,
+                 ttl: float = DEFAULT_TTL, clock: Callable[[], float] = time.time,
+                 announce: Callable[[str], None] = lambda msg: None):
+        self.fs, self.url, self.command, self.ttl, self.clock, self.announce = fs, url, command, ttl, clock, announce
+        self.path = join(root, LEASE_FILE)
+        self.ops = _ops(fs, self.path)
+        self.host = socket.gethostname()
+        self.record: LeaseRecord | None = None
+        self.token = None
+        self.lost: LeaseRecord | None = None
+        """Set when a renewal found another run's lease in place."""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # taking and giving back
+    def acquire(self) -> None:
+        now = self.clock()
+        self.record = LeaseRecord(run=uuid.uuid4().hex, command=self.command, host=self.host, pid=os.getpid(),
+                                  started=now, renewed=now, ttl=self.ttl)
+        for _ in range(5):  # each round: someone else's lease changed under us; look again
+            try:
+                self.token = self.ops.create(self.record.to_bytes())
+                return
+            except _Conflict:
+                pass
+            current = self.ops.read()
+            if current is None:
+                continue  # released meanwhile
+            raw, token = current
+            held = LeaseRecord.from_bytes(raw)
+            now = self.clock()
+            if held is not None and not held.is_stale(now, host=self.host):
+                raise LeaseHeld(
+                    f"{self.url} is being written by {held.describe(now)}; wait for it to finish or use another "
+                    f"--out (if that run is dead, its lease expires {max(held.expires - now, 0):.0f} s from now; "
+                    f"or delete {display_url(self.fs, self.path)} once you are sure)")
+            try:
+                self.token = self.ops.replace(self.record.to_bytes(), token, mine=False)
+            except _Conflict:
+                continue
+            what = held.describe(now) if held is not None else "an unreadable record"
+            self.announce(f"{self.url}: took over the stale lease of {what}")
+            return
+        raise LeaseHeld(f"{self.url}: its lease {display_url(self.fs, self.path)} keeps changing hands; "
+                        "another run is starting there, try again in a minute")
+
+    def release(self) -> None:
+        self._stop_renewing()
+        if self.token is not None and self.lost is None:
+            with contextlib.suppress(OSError):  # it expires by itself
+                self.ops.delete(self.token)
+        self.token = None
+
+    # keeping it
+    def renew(self) -> None:
+        """Extend the lease; on a lost conditional write, remember who holds OUT now."""
+        with self._lock:
+            if self.lost is not None or self.record is None:
+                return
+            record = LeaseRecord(**{**asdict(self.record), "renewed": self.clock()})
+            try:
+                self.token = self.ops.replace(record.to_bytes(), self.token, mine=True)
+                self.record = record
+            except _Conflict:
+                current = self.ops.read()
+                self.lost = (LeaseRecord.from_bytes(current[0]) if current else None) or self.record
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` unless this run still holds OUT (renews once, so the answer is fresh)."""
+        self.renew()
+        if self.lost is not None:
+            by = self.lost.describe(self.clock()) if self.lost.run != self.record.run else "nobody (it was removed)"
+            raise LeaseLost(f"{self.url}: this run lost its lease to {by} (it stalled past the {self.ttl:.0f} s "
+                            "lease); no manifest was written: OUT is that run's now")
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl / 4):
+            try:
+                self.renew()
+            except Exception as e:  # noqa: BLE001 -- a storage hiccup: the next tick tries again
+                self.announce(f"warning: could not renew the lease on {self.url} ({type(e).__name__}: {e})")
+
+    def _stop_renewing(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> "Lease":
+        self.acquire()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew_loop, name="tokenshards-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

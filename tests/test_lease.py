@@ -1,0 +1,121 @@
+"""One live writer per OUT: the lease on a local disk and on S3 (moto enforces If-None-Match / If-Match)."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from s3server import s3  # noqa: F401  (a fixture)
+
+from tokenshards.storage.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, LeaseRecord
+from tokenshards.storage.store import filesystem
+
+
+@pytest.fixture(params=["local", "s3"])
+def out(request, tmp_path):
+    """(fs, root, url) of an empty OUT on each store."""
+    if request.param == "local":
+        url = str(tmp_path / "out")
+        options = {}
+    else:
+        server = request.getfixturevalue("s3")
+        url = f"s3://{server.make_bucket()}/out"
+        options = server.storage_options
+    fs, root = filesystem(url, options)
+    fs.makedirs(root, exist_ok=True)  # a local OUT exists once the run checked it is writable
+    return fs, root, url
+
+
+def _lease(out, **kw) -> Lease:
+    fs, root, url = out
+    return Lease(fs, root, url=url, command="tokenize", **kw)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_second_writer_refuses_naming_the_live_run(out):
+    with _lease(out) as first:
+        with pytest.raises(LeaseHeld, match=rf"being written by a tokenize run on host {socket.gethostname()}, "
+                                            rf"pid {first.record.pid}, started 20\d\d-.* UTC.*wait for it to finish"):
+            _lease(out).acquire()
+    # released on exit: the next run takes it at once
+    with _lease(out):
+        pass
+
+
+def test_expired_lease_is_taken_over(out):
+    fs, root, _ = out
+    now = time.time()
+    stale = LeaseRecord(run="old", command="tokenize", host="elsewhere", pid=1, started=now - 900,
+                        renewed=now - 300, ttl=120)
+    fs.pipe_file(f"{root}/{LEASE_FILE}", stale.to_bytes())
+    notes = []
+    with _lease(out, announce=notes.append) as lease:
+        assert lease.record.run != "old"
+        lease.check()
+    assert notes and "took over the stale lease of a tokenize run on host elsewhere, pid 1" in notes[0]
+
+
+def test_lease_of_a_dead_process_on_this_host_is_stale_at_once(out):
+    fs, root, _ = out
+    now = time.time()
+    crashed = LeaseRecord(run="crashed", command="tokenize", host=socket.gethostname(), pid=_dead_pid(),
+                          started=now, renewed=now, ttl=3600)
+    fs.pipe_file(f"{root}/{LEASE_FILE}", crashed.to_bytes())
+    with _lease(out) as lease:
+        assert lease.record.run != "crashed"
+
+
+def test_renewed_while_the_run_lives(out):
+    fs, root, _ = out
+    with _lease(out, ttl=0.4) as lease:
+        first = json.loads(fs.cat_file(f"{root}/{LEASE_FILE}"))["renewed"]
+        time.sleep(1.0)  # the lease would have expired twice without renewal
+        assert json.loads(fs.cat_file(f"{root}/{LEASE_FILE}"))["renewed"] > first
+        with pytest.raises(LeaseHeld):
+            _lease(out).acquire()
+        lease.check()
+
+
+def test_a_run_whose_lease_was_taken_knows_before_committing(out):
+    fs, root, _ = out
+    lease = _lease(out)
+    lease.acquire()  # no renewal thread: as if the run stalled past its TTL
+    now = time.time()
+    expired = LeaseRecord(**{**json.loads(fs.cat_file(f"{root}/{LEASE_FILE}")), "renewed": now - 1000})
+    fs.pipe_file(f"{root}/{LEASE_FILE}", expired.to_bytes())
+    other = _lease(out)
+    other.acquire()
+    with pytest.raises(LeaseLost, match=r"lost its lease to a tokenize run on host .*no manifest was written"):
+        lease.check()
+    lease.release()  # must not remove the new owner's lease
+    with pytest.raises(LeaseHeld):
+        _lease(out).acquire()
+    other.release()
+
+
+def test_only_one_of_two_racing_takers_wins(out):
+    fs, root, _ = out
+    now = time.time()
+    fs.pipe_file(f"{root}/{LEASE_FILE}", LeaseRecord(run="old", command="tokenize", host="x", pid=1, started=0,
+                                                     renewed=now - 1000, ttl=1).to_bytes())
+    a, b = _lease(out), _lease(out)
+    # Both judged the same stale record; only one conditional replace can succeed.
+    raw, token = a.ops.read()
+    a.record = b.record = None
+    from tokenshards.storage.lease import _Conflict
+    won = []
+    for lease in (a, b):
+        try:
+            lease.ops.replace(b"mine " + lease.path.encode(), token, mine=False)
+            won.append(lease)
+        except _Conflict:
+            pass
+    assert len(won) == 1
