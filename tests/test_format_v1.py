@@ -112,7 +112,7 @@ def test_partition_files_are_the_bytes_numpy_and_arrow_write():
         index=7, input="s3://bucket/data/000.parquet", row_groups=(3, 5), rows=6, docs=3, skipped_null=2,
         skipped_empty=1, tokens=9, tokens_file="parts/part-00007.tokens.npy", docs_file="parts/part-00007.docs.parquet",
         sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend="riptoken 1.0",
-        extra={"tokens_bytes": len(tokens_bytes), "docs_bytes": len(docs_bytes)})
+        tokens_bytes=len(tokens_bytes), docs_bytes=len(docs_bytes))
     # No backend named: no backend key (as before backends existed).
     assert "backend" not in v1.partition_files(_Piece(), tokens, ids=ids, rows=rows, starts=starts, lengths=lengths,
                                                skipped_null=2, skipped_empty=1).entry.to_dict()

@@ -40,6 +40,10 @@ REQUIRED_KEYS = FORMAT_KEYS + (
 ENCODING_KEYS = ("name", "n_vocab", "eot", "dtype")
 ENTRY_KEYS = ("index", "input", "row_groups", "rows", "docs", "skipped_null", "skipped_empty", "tokens",
               "tokens_file", "docs_file", "sha256")
+OPTIONAL_ENTRY_KEYS = ("backend", "tokens_bytes", "docs_bytes", "skipped_invalid", "invalid_rows")
+"""Written after ``ENTRY_KEYS``, in this order, when set."""
+MAX_LISTED_INVALID = 100
+"""How many rows of invalid UTF-8 an entry lists (it counts them all)."""
 DOCS_COLUMNS = ("id", "row", "start", "length")
 NPY_HEAD_PROBE = 4096
 """Bytes enough to parse a ``.npy`` header; np.save pads 1-D headers to 64 or 128 bytes."""
@@ -89,6 +93,15 @@ class PartitionEntry:
     """Of the tokens file's bytes."""
     backend: str | None = None
     """The tokenizer that wrote the partition (``"splintr 0.22.0"``); absent in older runs."""
+    tokens_bytes: int | None = None
+    docs_bytes: int | None = None
+    """Sizes of the two files, so a rerun can tell a committed partition's files are whole from
+    one listing; absent in older runs."""
+    skipped_invalid: int = 0
+    """Rows whose text was not valid UTF-8, skipped under ``--on-bad-file skip`` (written only when
+    some were): then ``rows == docs + skipped_null + skipped_empty + skipped_invalid``."""
+    invalid_rows: tuple[int, ...] = ()
+    """The first of those rows (at most ``MAX_LISTED_INVALID``), for the user to look at."""
     extra: dict = field(default_factory=dict, compare=True)
     """Keys this version does not know, kept so that nothing read is lost."""
 
@@ -98,6 +111,10 @@ class PartitionEntry:
         entry["row_groups"] = list(self.row_groups)
         if self.backend is not None:
             entry["backend"] = self.backend
+        for key in OPTIONAL_ENTRY_KEYS[1:]:
+            value = getattr(self, key)
+            if value:  # None, 0 and () are left out, as older runs had no such key
+                entry[key] = list(value) if isinstance(value, tuple) else value
         entry.update(self.extra)
         return entry
 
@@ -108,11 +125,14 @@ class PartitionEntry:
         missing = [k for k in ENTRY_KEYS if k not in d]
         if missing:
             raise ManifestError(f"{where} lacks {', '.join(missing)}")
-        known = ENTRY_KEYS + ("backend",)
+        known = ENTRY_KEYS + OPTIONAL_ENTRY_KEYS
         values = {k: d[k] for k in ENTRY_KEYS}
         rg = d["row_groups"]
         values["row_groups"] = tuple(rg) if isinstance(rg, (list, tuple)) else rg
-        return cls(**values, backend=d.get("backend"), extra={k: v for k, v in d.items() if k not in known})
+        optional = {k: d[k] for k in OPTIONAL_ENTRY_KEYS if d.get(k) is not None}
+        if "invalid_rows" in optional:
+            optional["invalid_rows"] = tuple(optional["invalid_rows"])
+        return cls(**values, **optional, extra={k: v for k, v in d.items() if k not in known})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,8 +236,8 @@ def build_manifest(*, identity: dict, job: str, files: Sequence["InputFile"], sk
     ``job`` its hash."""
     entries = sorted(entries, key=lambda e: e.index)
     totals = {k: sum(int(getattr(e, k)) for e in entries) for k in TOTAL_KEYS}
-    if any("skipped_invalid" in e.extra for e in entries):  # only runs that skipped such rows carry the key
-        totals["skipped_invalid"] = sum(int(e.extra.get("skipped_invalid", 0)) for e in entries)
+    if any(e.skipped_invalid for e in entries):  # only runs that skipped such rows carry the key
+        totals["skipped_invalid"] = sum(e.skipped_invalid for e in entries)
     extra = dict(extra or {})
     planned = extra.pop("planned_partitions", None)
     id_column, without_id = used_id_column(files)
@@ -307,8 +327,7 @@ class PartFiles(NamedTuple):
 
 
 def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: list[str], rows, starts, lengths, skipped_null: int,
-                    skipped_empty: int, backend: str = "", invalid_rows: list[int] | None = None,
-                    max_listed: int = 100) -> PartFiles:
+                    skipped_empty: int, backend: str = "", invalid_rows: Sequence[int] = ()) -> PartFiles:
     """A partition's two data files and its entry, from its tokens and docs columns. Pure: the
     caller writes them (data files first, the done record that commits them last)."""
     tokens_bytes = npy_bytes(tokens)
@@ -324,11 +343,8 @@ def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: list[str], rows, 
         docs=len(lengths), skipped_null=skipped_null, skipped_empty=skipped_empty, tokens=int(len(tokens)),
         tokens_file=tokens_file(piece.index), docs_file=docs_file(piece.index),
         sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend=backend or None,
-        # File sizes: resume compares them with one listing of parts/ (tokenize.resume).
-        extra={"tokens_bytes": len(tokens_bytes), "docs_bytes": len(docs_bytes),
-               # --on-bad-file skip: rows whose text is not UTF-8; rows == docs + every skipped_* count.
-               **({"skipped_invalid": len(invalid_rows), "invalid_rows": invalid_rows[:max_listed]}
-                  if invalid_rows else {})},
+        tokens_bytes=len(tokens_bytes), docs_bytes=len(docs_bytes),
+        skipped_invalid=len(invalid_rows), invalid_rows=tuple(invalid_rows[:MAX_LISTED_INVALID]),
     )
     return PartFiles(tokens_bytes, docs_bytes, entry)
 

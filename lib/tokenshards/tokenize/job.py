@@ -120,9 +120,9 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
     _clear_leftovers(out_fs, out_root)
     lease.check()  # a run that stalled past its lease must not commit over its successor's files
     for e in sorted(entries.values(), key=lambda e: e.index):
-        if e.extra.get("skipped_invalid"):
-            rows = ", ".join(map(str, e.extra["invalid_rows"][:5])) + (", …" if e.extra["skipped_invalid"] > 5 else "")
-            announce(f"skipped {counted(e.extra['skipped_invalid'], 'row')} of {e.input} (partition {e.index}) whose "
+        if e.skipped_invalid:
+            rows = ", ".join(map(str, e.invalid_rows[:5])) + (", …" if e.skipped_invalid > 5 else "")
+            announce(f"skipped {counted(e.skipped_invalid, 'row')} of {e.input} (partition {e.index}) whose "
                      f"text is not valid UTF-8: rows {rows}; recorded as skipped_invalid in the manifest")
     rows_of = {p.index: p.rows for p in pieces}  # so that verify can check each input's rows are covered
     unreadable = [dataclasses.replace(b, rows=rows_of[b.partition]) if b.partition is not None else b for b in unreadable]

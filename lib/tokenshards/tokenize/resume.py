@@ -96,10 +96,9 @@ def _relative(root: str, path: str) -> str:
 def _files_problem(entry: PartitionEntry, sizes: dict[str, int | None]) -> str | None:
     """Why a committed partition's files cannot be trusted, or None. Done records from before
     sizes were recorded are checked for presence only."""
-    for name, size_key in ((entry.tokens_file, "tokens_bytes"), (entry.docs_file, "docs_bytes")):
+    for name, want in ((entry.tokens_file, entry.tokens_bytes), (entry.docs_file, entry.docs_bytes)):
         if name not in sizes:
             return f"{name} is missing"
-        want = entry.extra.get(size_key)
         if want is not None and sizes[name] is not None and sizes[name] != want:
             return f"{name} has {sizes[name]} bytes, its done record says {want}"
     return None

@@ -208,7 +208,7 @@ def write_partition(frame: pd.DataFrame, piece: Piece, *, settings: TaskSettings
     files = v1.partition_files(piece, batch.tokens, ids=ids, rows=rows, starts=batch.starts, lengths=batch.lengths,
                                skipped_null=batch.skipped_null - len(invalid), skipped_empty=batch.skipped_empty,
                                backend=settings.backend,
-                               invalid_rows=frame["row"].to_numpy()[invalid].tolist() if invalid else None)
+                               invalid_rows=frame["row"].to_numpy()[invalid].tolist() if invalid else ())
     fs, root = filesystem(settings.out, settings.storage_options)
     write_atomic(fs, join(root, files.entry.tokens_file), files.tokens)
     write_atomic(fs, join(root, files.entry.docs_file), files.docs)

@@ -116,7 +116,7 @@ def check_entries(manifest: Manifest) -> list[str]:
     known_inputs = {i.get("path") for i in manifest.inputs if isinstance(i, dict)}
     for e in entries:
         where = f"partition {e.index}"
-        invalid = e.extra.get("skipped_invalid", 0)  # rows that were not UTF-8 (--on-bad-file skip)
+        invalid = e.skipped_invalid  # rows that were not UTF-8 (--on-bad-file skip)
         if e.rows != e.docs + e.skipped_null + e.skipped_empty + invalid:
             problems.append(f"{where}: rows {e.rows} != docs {e.docs} + skipped_null {e.skipped_null} "
                             f"+ skipped_empty {e.skipped_empty}" + (f" + skipped_invalid {invalid}" if invalid else ""))
@@ -128,8 +128,8 @@ def check_entries(manifest: Manifest) -> list[str]:
                 problems.append(f"{where}: {key} {path!r} is not a path relative to OUT")
     problems += check_coverage(manifest)
     totals = manifest.totals
-    if "skipped_invalid" in totals or any("skipped_invalid" in e.extra for e in entries):
-        total = sum(int(e.extra.get("skipped_invalid", 0)) for e in entries)
+    if "skipped_invalid" in totals or any(e.skipped_invalid for e in entries):
+        total = sum(e.skipped_invalid for e in entries)
         if totals.get("skipped_invalid") != total:
             problems.append(f"manifest.json: totals.skipped_invalid is {totals.get('skipped_invalid')}, "
                             f"the partitions sum to {total}")
