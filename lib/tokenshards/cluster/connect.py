@@ -291,7 +291,7 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
                 yield client
         else:
             s = config.settings if config else {}
-            n = s.get("workers") or workers or os.cpucounted() or 1
+            n = s.get("workers") or workers or os.cpu_count() or 1
             source = f" ({config.path})" if config else ""
             with interrupt.children_ignore_ctrl_c():
                 cluster = LocalCluster(n_workers=n, threads_per_worker=s.get("threads_per_worker", 1), processes=True,
