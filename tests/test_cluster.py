@@ -319,3 +319,16 @@ def test_local_workers_fork_from_a_preloaded_server_and_ignore_ctrl_c(tmp_path):
     assert proc.returncode == 0, proc.stderr
     preloaded = ["dask.dataframe", "splintr", "tokenshards.tokenize.task"]
     assert proc.stdout.strip() == repr([(preloaded, True)] * 2)
+
+
+def test_default_local_cluster_has_a_worker_per_core():
+    """No --workers, --scheduler or --cluster: what `make tokenize` runs on."""
+    import os
+
+    from tokenshards.cluster.connect import connect
+
+    said = []
+    with connect(dashboard_address=":0", announce=said.append) as client:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+    assert len(workers) == (os.cpu_count() or 1)
+    assert said and said[0].startswith("dashboard: ") and "process worker" in said[0]
