@@ -15,7 +15,8 @@ import os
 
 from .interrupt import children_ignore_ctrl_c
 
-PRELOAD = ("distributed", "dask.dataframe", "tokenshards.tokenize.task", "tokenshards.encoding.backends", "splintr", "riptoken")
+PRELOAD = ("distributed", "dask.dataframe", "tokenshards.tokenize.task", "tokenshards.encoding.backends", "gigatoken", "splintr",
+           "riptoken")
 """What a worker's tasks import; the forkserver skips a module that is not installed."""
 
 
