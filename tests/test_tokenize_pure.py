@@ -232,3 +232,22 @@ def test_huge_documents_go_to_tiktoken_under_a_fast_backend_with_equal_ids(gpt2,
         # The same from an Arrow column (gigatoken reads those in place, huge documents aside).
         got = tokenize_column(pa.array(texts), fast, eot_position="none", dtype="uint16")
         assert got.tokens.tolist() == [i for w in want for i in w]
+
+
+def test_tiktoken_encodings_are_kept_parsed_and_a_damaged_copy_is_ignored(monkeypatch, tmp_path, gpt2):
+    """The second start reads GPT-2's ranks back from a parsed copy (not tiktoken's data-gym
+    parse); the encoding is the same, and a copy whose hash fails is parsed afresh and replaced."""
+    from tokenshards.encoding import encoders
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = load_encoding("gpt2")
+    kept = encoders._parsed_path("gpt2")
+    assert kept.is_relative_to(tmp_path) and kept.exists()
+    second = load_encoding("gpt2")
+    assert second.source.startswith("tokenshards' parsed copy")
+    assert second.params == first.params and second.fingerprint == first.fingerprint
+    assert second.encoding.encode_ordinary(AWKWARD[5]) == gpt2.encode_ordinary(AWKWARD[5])
+    kept.write_text(kept.read_text().replace("IQ== 0", "Ig== 0"))  # rank 0 now names b'"'
+    third = load_encoding("gpt2")
+    assert not third.source.startswith("tokenshards' parsed copy") and third.fingerprint == first.fingerprint
+    assert load_encoding("gpt2").source.startswith("tokenshards' parsed copy")
