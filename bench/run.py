@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""`make bench`: our whole command vs. the machine's ceiling vs. the common mp.Pool baseline.
+"""`make bench`: our whole command vs. the machine's ceilings vs. the common mp.Pool baseline.
 
-All three run on the same corpus in one go, interleaved (A B C A B C ...), and we report medians
-and ratios, never a lone absolute time: this machine is noisy. The ceiling and the baseline are
-../shared/bench/raw_limit.py and peer_mp_pool.py when they are there (else this file's own
-copies of their loops, marked as such in the results); the corpus is ../shared/bench/make_corpus.py's
-when it can be built, else the demo corpus scaled up.
+All run on the same corpus in one go, interleaved (A B C A B C ...), and we report medians
+and ratios, never a lone absolute time: this machine is noisy. The ceilings are bare encoding
+loops, one process per core, texts read before the clock starts: tiktoken's (the reference,
+../shared/bench/raw_limit.py), the *fast ceiling* of splintr (``raw_limit.py --backend splintr``)
+and, when gigatoken is installed, gigatoken's (``fast_ceiling.py`` here: raw_limit.py has no
+loop for it). The baseline is ../shared/bench/peer_mp_pool.py; the corpus is
+../shared/bench/make_corpus.py's when it can be built, else the demo corpus scaled up. The larger
+corpus (``--memory-scale`` x) is run against the fast ceilings too.
 
     python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--memory-scale 4]
     python bench/run.py --export-only OUT [--repeats 3]   # only the export targets, on a finished run
@@ -215,7 +218,8 @@ def tiktoken_env(encoding: str) -> dict:
 
 
 def run_script(script: str, args: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, str(SHARED / script), *args], capture_output=True, text=True,
+    path = HERE / script if (HERE / script).exists() else SHARED / script
+    proc = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
                           env=tiktoken_env("gpt2"))
     if proc.returncode:
         raise SystemExit(f"{script} failed:\n{proc.stderr}")
@@ -224,11 +228,24 @@ def run_script(script: str, args: list[str]) -> dict:
     return {"tokens": int(fields["tokens"]), "seconds": float(fields["seconds"]), "tokens_per_s": float(fields["tokens_per_s"])}
 
 
+def fast_ceilings() -> dict[str, tuple[str, list[str]]]:
+    """backend -> (script, extra args) of each fast ceiling this machine can run."""
+    from tokenshards.encoding.backends import _installed
+
+    found = {}
+    if _installed("splintr"):
+        found["splintr"] = ("raw_limit.py", ["--backend", "splintr"])
+    if _installed("gigatoken"):
+        found["gigatoken"] = ("fast_ceiling.py", ["--backend", "gigatoken"])
+    return found
+
+
 def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
 def main() -> None:
+    global SHARED
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=200, help="text in the corpus (default 200 MB)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -238,7 +255,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="default bench/results.json (results-export.json)")
     ap.add_argument("--export-only", type=Path, metavar="RUN", help="measure only the export targets on this finished run")
     ap.add_argument("--skip-export", action="store_true", help="leave out the export targets")
+    ap.add_argument("--shared", type=Path, default=SHARED, help="where raw_limit.py and the others live (default ../shared/bench)")
     a = ap.parse_args()
+    SHARED = a.shared
     if a.export_only:
         a.out = a.out or HERE / "results-export.json"
         with tempfile.TemporaryDirectory(prefix="tokenshards-bench-") as tmp:
@@ -265,6 +284,8 @@ def main() -> None:
     default = backends[1] if len(backends) > 1 else "tiktoken"
     runs: dict[str, list[dict]] = {f"ours_{b}": [] for b in backends}
     runs.update(ceiling=[], baseline=[])
+    fast = fast_ceilings()
+    runs.update({f"fast_ceiling_{b}": [] for b in fast})
     with tempfile.TemporaryDirectory(prefix="tokenshards-bench-") as tmp:
         scratch = Path(tmp)
         for r in range(a.repeats):
@@ -272,6 +293,8 @@ def main() -> None:
                 keep = b == default and r == a.repeats - 1 and not a.skip_export  # the run the export targets read
                 runs[f"ours_{b}"].append(run_ours(corpus, a.workers, b, scratch, keep=keep))
             runs["ceiling"].append(run_script("raw_limit.py", [glob_arg, "--procs", str(a.workers)]))
+            for b, (script, extra) in fast.items():
+                runs[f"fast_ceiling_{b}"].append(run_script(script, [glob_arg, "--procs", str(a.workers), *extra]))
             runs["baseline"].append(run_script("peer_mp_pool.py", [glob_arg, str(scratch / "peer"), "--procs", str(a.workers)]))
             shutil.rmtree(scratch / "peer", ignore_errors=True)
             print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f} M tok/s"
@@ -279,6 +302,8 @@ def main() -> None:
         memory = {}
         if a.memory_scale:
             big, _ = build_corpus(a.corpus_dir / f"{a.mb * a.memory_scale:g}mb", a.mb * a.memory_scale)
+            big_files = sorted(big.rglob("*.parquet"))
+            big_glob = str(big_files[0].parent / "*.parquet")
             small_peak = median(runs[f"ours_{default}"], "peak_rss_bytes")
             if not a.skip_export:  # the smaller run moves aside for the export targets; the larger one is kept too
                 Path(runs[f"ours_{default}"][-1]["out"]).rename(scratch / "export-small-run")
@@ -286,7 +311,11 @@ def main() -> None:
             big_peak = big_run["peak_rss_bytes"]
             memory = {"backend": default, "corpus_mb": [a.mb, a.mb * a.memory_scale],
                       "peak_rss_bytes": [small_peak, big_peak], "growth": big_peak / small_peak,
-                      "larger_corpus_run": big_run}
+                      "larger_corpus_run": big_run,
+                      # The fast ceilings again on the same larger corpus (their rate depends on the text).
+                      "larger_corpus_fast_ceilings": {
+                          b: run_script(script, [big_glob, "--procs", str(a.workers), *extra])
+                          for b, (script, extra) in fast.items()}}
         export = {}
         if not a.skip_export:
             small_out = scratch / "export-small-run" if a.memory_scale else Path(runs[f"ours_{default}"][-1]["out"])
@@ -300,6 +329,8 @@ def main() -> None:
         "medians_tokens_per_s": {k: median(v, "tokens_per_s") for k, v in runs.items()},
         "ratios": {}, "memory": memory, "export": export, "runs": runs,
     }
+    fast_rates = {b: median(runs[f"fast_ceiling_{b}"], "tokens_per_s") for b in fast}
+    results["fast_ceilings_tokens_per_s"] = fast_rates
     for b in backends:
         ours = runs[f"ours_{b}"]
         results["ratios"][b] = {
@@ -308,21 +339,36 @@ def main() -> None:
             "whole_command_vs_mp_pool": median(ours, "tokens_per_s") / baseline,
             "peak_rss_mb": median(ours, "peak_rss_bytes") / 1e6,
         }
+        for f, rate in fast_rates.items():
+            results["ratios"][b][f"whole_command_vs_fast_ceiling_{f}"] = median(ours, "tokens_per_s") / rate
+            results["ratios"][b][f"tokenizing_phase_vs_fast_ceiling_{f}"] = median(ours, "phase_tokens_per_s") / rate
     if memory:
         # The fixed start-up weighs less on more text; the ceiling is a rate, so this run's median applies.
-        big_rate = memory["larger_corpus_run"]["tokens_per_s"]
-        results["ratios"][default][f"whole_command_vs_ceiling_at_{a.mb * a.memory_scale:g}_mb"] = big_rate / ceiling
+        big_run = memory["larger_corpus_run"]
+        big_scale = f"{a.mb * a.memory_scale:g}_mb"
+        results["ratios"][default][f"whole_command_vs_ceiling_at_{big_scale}"] = big_run["tokens_per_s"] / ceiling
+        for f, run in memory["larger_corpus_fast_ceilings"].items():
+            results["ratios"][default][f"whole_command_vs_fast_ceiling_{f}_at_{big_scale}"] = big_run["tokens_per_s"] / run["tokens_per_s"]
+            results["ratios"][default][f"tokenizing_phase_vs_fast_ceiling_{f}_at_{big_scale}"] = big_run["phase_tokens_per_s"] / run["tokens_per_s"]
     a.out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"corpus: {a.mb:g} MB of text ({source}), {a.workers} workers, median of {a.repeats} interleaved runs")
     print(f"ceiling (bare tiktoken x{a.workers}): {ceiling / 1e6:.2f} M tokens/s; mp.Pool baseline: {baseline / 1e6:.2f} M tokens/s")
+    for f, rate in fast_rates.items():
+        print(f"fast ceiling (bare {f} x{a.workers}): {rate / 1e6:.2f} M tokens/s")
     for b, r in results["ratios"].items():
         rate = results["medians_tokens_per_s"][f"ours_{b}"]
         print(f"tokenshards --backend {b}: {rate / 1e6:.2f} M tokens/s, whole command {r['whole_command_vs_ceiling']:.2f} of ceiling, tokenizing phase "
               f"{r['tokenizing_phase_vs_ceiling']:.2f}, {r['whole_command_vs_mp_pool']:.2f}x mp.Pool, peak RSS {r['peak_rss_mb']:.0f} MB")
+        for f in fast_rates:
+            print(f"    vs the fast ceiling of {f}: whole command {r[f'whole_command_vs_fast_ceiling_{f}']:.2f}, "
+                  f"tokenizing phase {r[f'tokenizing_phase_vs_fast_ceiling_{f}']:.2f}")
     if memory:
         big_run = memory["larger_corpus_run"]
         print(f"tokenshards --backend {default} on {a.mb * a.memory_scale:g} MB (one run): whole command "
               f"{big_run['tokens_per_s'] / ceiling:.2f} of ceiling, tokenizing phase {big_run['phase_tokens_per_s'] / ceiling:.2f}")
+        for f, run in memory["larger_corpus_fast_ceilings"].items():
+            print(f"    vs the fast ceiling of {f} there: whole command {big_run['tokens_per_s'] / run['tokens_per_s']:.2f}, "
+                  f"tokenizing phase {big_run['phase_tokens_per_s'] / run['tokens_per_s']:.2f}")
         print(f"peak RSS (--backend {default}) at {a.mb:g} MB vs {a.mb * a.memory_scale:g} MB of text: x{memory['growth']:.2f}")
     if export:
         print_export(export)

@@ -274,13 +274,13 @@ def test_a_folder_is_not_a_config(tmp_path):
 
 
 def test_a_worker_without_the_fast_backend_is_a_one_line_error(tmp_path, corpus):
-    """The client verified splintr, one machine of the cluster cannot import it: the user is told
-    which worker, and what to do, in one line (not a traceback from inside the plugin)."""
+    """The client verified gigatoken (auto's first choice), one machine of the cluster cannot import
+    it: the user is told which worker, and what to do, in one line (not a traceback from inside the plugin)."""
     from daskprocs import dask_processes
 
-    shadow = tmp_path / "shadow" / "splintr"
+    shadow = tmp_path / "shadow" / "gigatoken"
     shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError('splintr is not installed on this machine')\n")
+    (shadow / "__init__.py").write_text("raise ImportError('gigatoken is not installed on this machine')\n")
     with dask_processes(tmp_path, workers=0) as procs:
         procs.start_worker(env={"PYTHONPATH": str(shadow.parent)})
         procs.wait_for_workers(1)
@@ -290,7 +290,7 @@ def test_a_worker_without_the_fast_backend_is_a_one_line_error(tmp_path, corpus)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     [error] = [line for line in proc.stderr.splitlines() if line.startswith("tokenshards: error:")]
-    assert re.search(r"worker tcp://127\.0\.0\.1:\d+ cannot load the splintr backend \(.*not installed on this "
+    assert re.search(r"worker tcp://127\.0\.0\.1:\d+ cannot load the gigatoken backend \(.*not installed on this "
                      r"machine\); install tokenshards\[fast\] on every worker, or pass --backend tiktoken", error), error
     assert not (tmp_path / "out" / "manifest.json").exists()
 
@@ -304,7 +304,8 @@ if __name__ == "__main__":
     assert start_forkserver()
     with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
         def probe():  # before any task: a spawned worker has imported none of these yet
-            return (sorted(m for m in ("dask.dataframe", "tokenshards.tokenize.task", "splintr") if m in sys.modules),
+            return (sorted(m for m in ("dask.dataframe", "tokenshards.tokenize.task", "splintr", "gigatoken", "awkward")
+                           if m in sys.modules),
                     signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
         print(sorted(client.run(probe).values()))
 """
@@ -317,7 +318,7 @@ def test_local_workers_fork_from_a_preloaded_server_and_ignore_ctrl_c(tmp_path):
     script.write_text(PRESTARTED_WORKER_PROBE)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    preloaded = ["dask.dataframe", "splintr", "tokenshards.tokenize.task"]
+    preloaded = ["awkward", "dask.dataframe", "gigatoken", "splintr", "tokenshards.tokenize.task"]
     assert proc.stdout.strip() == repr([(preloaded, True)] * 2)
 
 

@@ -119,8 +119,8 @@ def test_resume_with_another_backend_records_both(big_corpus, clean_run, tmp_pat
     assert data[0] == data[1]
     written = json.loads((out / "manifest.json").read_text())
     by_backend = {e["backend"].split()[0] for e in written["partitions"]}
-    assert by_backend == {"splintr", "tiktoken"}
-    assert written["backend"].startswith("splintr ") and ", tiktoken " in written["backend"]
+    assert by_backend == {"gigatoken", "tiktoken"}
+    assert written["backend"].startswith("gigatoken ") and ", tiktoken " in written["backend"]
     assert [e["sha256"] for e in written["partitions"]] == \
            [e["sha256"] for e in json.loads((clean_run / "manifest.json").read_text())["partitions"]]
     report = run_verify(VerifyConfig(out=str(out), scheduler=cluster.scheduler_address), announce=lambda m: None)

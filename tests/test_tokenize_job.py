@@ -65,7 +65,7 @@ def test_every_document_matches_tiktoken(tokenize, corpus, gpt2):
     assert manifest["format"] == "tokenshards/1"
     assert manifest["encoding"] == {"name": "gpt2", "n_vocab": 50257, "eot": 50256, "dtype": "uint16"}
     assert manifest["eot_position"] == "prefix" and manifest["text_column"] == "text"
-    assert manifest["backend"].startswith("splintr ")  # auto: the fastest installed backend that verified
+    assert manifest["backend"].startswith("gigatoken ")  # auto: the fastest installed backend that verified
     assert [i["path"] for i in manifest["inputs"]] == [str(p) for p in inputs]
     assert summary.partitions == len(manifest["partitions"]) > len(inputs)
     assert manifest["totals"]["skipped_null"] == 1 + 199 and manifest["totals"]["skipped_empty"] == 1
@@ -76,13 +76,13 @@ def test_every_document_matches_tiktoken(tokenize, corpus, gpt2):
     assert not list(out.rglob("*.tmp"))
 
 
-@pytest.mark.parametrize("backend", ["tiktoken", "riptoken"])
+@pytest.mark.parametrize("backend", ["tiktoken", "splintr", "riptoken"])
 def test_every_backend_writes_the_same_bytes(tokenize, corpus, tmp_path, backend):
     inputs = [corpus / "demo" / "*.parquet", corpus / "awkward"]
     _, fast_out = tokenize(inputs, out=tmp_path / "auto", partition_bytes=60_000)
     _, out = tokenize(inputs, out=tmp_path / backend, partition_bytes=60_000, backend=backend)
     fast, other = (json.loads((o / "manifest.json").read_text()) for o in (fast_out, out))
-    assert other["backend"].startswith(f"{backend} ") and fast["backend"].startswith("splintr ")
+    assert other["backend"].startswith(f"{backend} ") and fast["backend"].startswith("gigatoken ")
     assert [p["sha256"] for p in other["partitions"]] == [p["sha256"] for p in fast["partitions"]]
     assert other["totals"] == fast["totals"]
 

@@ -1,14 +1,16 @@
 """The pure core: texts → tokens, compared with tiktoken's encode_ordinary directly."""
 import numpy as np
+import pyarrow as pa
 import pytest
 
-from tokenshards.encoding.backends import (FAST_BACKENDS, BackendMismatch, TiktokenBackend, build_backend, choose_backend,
-                                  without_possessive_quantifiers)
+from tokenshards.encoding.backends import (FAST_BACKENDS, SPOT_CHECK_CHARS, BackendMismatch, TiktokenBackend, build_backend,
+                                           choose_backend, spot_check_sample, without_possessive_quantifiers)
 from tokenshards.errors import UserError
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.tokenize.plan import InputFile, plan_pieces
-from tokenshards.tokenize.core import tokenize_texts
+from tokenshards.tokenize.core import tokenize_column, tokenize_texts
 
+CL100K_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 AWKWARD = [
     "plain English text, with punctuation!",
     None,
@@ -88,12 +90,14 @@ def test_plan_groups_row_groups_up_to_target_and_never_splits_one():
 def test_auto_backend_takes_the_fastest_that_matches_tiktoken(gpt2):
     loaded = load_encoding("gpt2")
     name, why = choose_backend("auto", loaded.encoding, loaded.params)
-    assert name == "splintr" and "verified against tiktoken" in why
+    assert name == FAST_BACKENDS[0] == "gigatoken" and "verified against tiktoken" in why
+    assert choose_backend("splintr", loaded.encoding, loaded.params)[0] == "splintr"
     assert choose_backend("riptoken", loaded.encoding, loaded.params)[0] == "riptoken"
     assert choose_backend("tiktoken", loaded.encoding, loaded.params)[0] == "tiktoken"
     wrong = dict(loaded.params, pat_str=r"\S+|\s+")  # same ranks, other split: other ids
     name, why = choose_backend("auto", loaded.encoding, wrong)
-    assert name == "tiktoken" and "splintr not used" in why and "riptoken not used" in why
+    assert name == "tiktoken" and all(f"{fast} not used" in why for fast in FAST_BACKENDS)
+    assert "gigatoken not used: ValueError: gigatoken has no pretokenizer for this encoding's split pattern" in why
     for fast in FAST_BACKENDS:
         with pytest.raises(UserError, match=f"--backend {fast} cannot be used for gpt2"):
             choose_backend(fast, loaded.encoding, wrong)
@@ -127,9 +131,87 @@ def test_possessive_quantifiers_are_dropped_outside_escapes_and_classes():
 @pytest.mark.parametrize("fast", FAST_BACKENDS)
 def test_a_disagreeing_fast_backend_fails_the_batch(gpt2, fast):
     loaded = load_encoding("gpt2")
-    backend = build_backend(fast, gpt2, dict(loaded.params, pat_str=r"\S+|\s+"))
+    # gigatoken knows only the patterns it has a pretokenizer for: give it cl100k's split instead.
+    other = CL100K_PATTERN if fast == "gigatoken" else r"\S+|\s+"
+    backend = build_backend(fast, gpt2, dict(loaded.params, pat_str=other))
     with pytest.raises(BackendMismatch, match="disagrees with tiktoken"):
-        backend.encode_many(["hello world, this is text"])
+        backend.encode_many(["hello world, this is text: 1234567 DON'T"])
+
+
+def test_the_spot_check_is_bounded_in_characters_and_fixed():
+    sizes = [100] * 10_000
+    picked = spot_check_sample(sizes)
+    assert sum(sizes[i] for i in picked) <= SPOT_CHECK_CHARS and len(picked) == SPOT_CHECK_CHARS // 100
+    assert picked.tolist() == sorted(set(picked.tolist())) and np.array_equal(picked, spot_check_sample(sizes))
+    assert picked.max() > 9_000  # spread over the batch, not its first documents
+    # Long documents are skipped while shorter ones fit; a batch of only long ones checks its shortest.
+    assert spot_check_sample([10**6, 50, 10**7]).tolist() == [1]
+    assert spot_check_sample([10**6, 10**7, 5 * 10**5]).tolist() == [2]
+    assert spot_check_sample([]).tolist() == []
+    assert spot_check_sample([2 * 10**6, 3 * 10**6]).tolist() == []  # never a document over CHECK_MAX_CHARS
+
+
+def test_a_disagreement_in_any_sampled_document_is_caught(gpt2):
+    """The check compares the documents it samples, wherever they sit in the flat array."""
+    loaded = load_encoding("gpt2")
+    backend = build_backend("splintr", gpt2, loaded.params)
+    texts = [f"document {i} text" for i in range(500)]
+    sampled = spot_check_sample([len(t) for t in texts])
+    flat, lengths = backend.fast.encode_many(texts)
+
+    class OneWrong:
+        name = "one-wrong"
+
+        def encode_many(self, batch):
+            bad = flat.copy()
+            bad[int(np.cumsum(lengths)[sampled[-1]]) - 1] += 1  # the last token of the last sampled document
+            return bad, lengths
+
+    backend.fast = OneWrong()
+    with pytest.raises(BackendMismatch, match="disagrees with tiktoken on a document starting 'document"):
+        backend.encode_many(texts)
+
+
+def test_gigatoken_cache_is_bounded_and_rebuilding_keeps_ids_exact(gpt2):
+    """gigatoken's pretoken cache grows with every new word; past the bound the tokenizer starts afresh."""
+    pytest.importorskip("gigatoken")
+    from tokenshards.encoding.backends import GigatokenBackend
+
+    loaded = load_encoding("gpt2")
+    backend = GigatokenBackend(loaded.params, cache_bound=2 * 2**20)
+    rng = np.random.default_rng(0)
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", np.uint8)
+    for _ in range(4):  # ~4 MB of words that never repeat: nothing a cache can reuse
+        raw = letters[rng.integers(0, len(letters), 1_000_000)]
+        raw[rng.integers(0, len(raw), 120_000)] = ord(" ")
+        text = raw.tobytes().decode()
+        texts = [text[i:i + 5000] for i in range(0, len(text), 5000)]
+        flat, lengths = backend.encode_many(texts)
+        want, want_lengths = TiktokenBackend(gpt2).encode_many(texts)
+        assert np.array_equal(flat, want) and np.array_equal(lengths, want_lengths)
+    assert backend.rebuilds >= 1
+
+
+@pytest.mark.parametrize("arrow_type", [pa.string(), pa.large_string(), pa.string_view()])
+@pytest.mark.parametrize("eot_position", ["prefix", "suffix", "none"])
+def test_an_arrow_column_tokenizes_as_its_python_strings_do(backend, arrow_type, eot_position):
+    """Backends that read Arrow buffers in place (gigatoken) and the others give the same batch,
+    whatever the string type, chunking or slicing, nulls and empty rows included."""
+    want = tokenize_texts(AWKWARD, backend, eot_position=eot_position, dtype="uint16")
+    padded = pa.array(["pad"] + AWKWARD + ["pad"], arrow_type)
+    for column in (pa.array(AWKWARD, arrow_type), pa.chunked_array([pa.array(AWKWARD[:5], arrow_type), pa.array(AWKWARD[5:], arrow_type)]),
+                   padded.slice(1, len(AWKWARD)), pa.array(["pad"] + [t for t in AWKWARD if t], arrow_type).slice(1)):
+        got = tokenize_column(column, backend, eot_position=eot_position, dtype="uint16")
+        texts = column.to_pylist()
+        if len(texts) != len(AWKWARD):  # the all-kept column
+            assert (got.skipped_null, got.skipped_empty) == (0, 0) and got.kept.tolist() == list(range(len(texts)))
+            assert np.array_equal(got.tokens, want.tokens)
+            continue
+        for field in ("tokens", "lengths", "kept"):
+            assert np.array_equal(getattr(got, field), getattr(want, field)), field
+        assert (got.skipped_null, got.skipped_empty) == (want.skipped_null, want.skipped_empty)
+    empty = tokenize_column(pa.array([None, ""], arrow_type), backend, eot_position=eot_position, dtype="uint16")
+    assert len(empty.tokens) == 0 and (empty.skipped_null, empty.skipped_empty) == (1, 1)
 
 
 def test_huge_documents_go_to_tiktoken_under_a_fast_backend_with_equal_ids(gpt2, monkeypatch):
@@ -147,3 +229,25 @@ def test_huge_documents_go_to_tiktoken_under_a_fast_backend_with_equal_ids(gpt2,
         want = [gpt2.encode_ordinary(t) for t in texts]
         assert lengths.tolist() == [len(w) for w in want]
         assert flat.tolist() == [i for w in want for i in w]
+        # The same from an Arrow column (gigatoken reads those in place, huge documents aside).
+        got = tokenize_column(pa.array(texts), fast, eot_position="none", dtype="uint16")
+        assert got.tokens.tolist() == [i for w in want for i in w]
+
+
+def test_tiktoken_encodings_are_kept_parsed_and_a_damaged_copy_is_ignored(monkeypatch, tmp_path, gpt2):
+    """The second start reads GPT-2's ranks back from a parsed copy (not tiktoken's data-gym
+    parse); the encoding is the same, and a copy whose hash fails is parsed afresh and replaced."""
+    from tokenshards.encoding import encoders
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    first = load_encoding("gpt2")
+    kept = encoders._parsed_path("gpt2")
+    assert kept.is_relative_to(tmp_path) and kept.exists()
+    second = load_encoding("gpt2")
+    assert second.source.startswith("tokenshards' parsed copy")
+    assert second.params == first.params and second.fingerprint == first.fingerprint
+    assert second.encoding.encode_ordinary(AWKWARD[5]) == gpt2.encode_ordinary(AWKWARD[5])
+    kept.write_text(kept.read_text().replace("IQ== 0", "Ig== 0"))  # rank 0 now names b'"'
+    third = load_encoding("gpt2")
+    assert not third.source.startswith("tokenshards' parsed copy") and third.fingerprint == first.fingerprint
+    assert load_encoding("gpt2").source.startswith("tokenshards' parsed copy")

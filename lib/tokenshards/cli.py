@@ -77,9 +77,10 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
     _add_cluster_arguments(p)
     p.add_argument("--encoding", default="gpt2", help="tiktoken encoding name (default: gpt2)")
-    p.add_argument("--backend", default="auto", choices=["auto", "tiktoken", "splintr", "riptoken"],
+    p.add_argument("--backend", default="auto", choices=["auto", "tiktoken", "gigatoken", "splintr", "riptoken"],
                    help="tokenizer implementation; ids always equal tiktoken's (default auto: the fastest "
-                        "installed one that reproduces tiktoken at start-up: splintr, then riptoken, else tiktoken)")
+                        "installed one that reproduces tiktoken at start-up: gigatoken, splintr, then riptoken, "
+                        "else tiktoken)")
     p.add_argument("--eot", default="prefix", choices=["prefix", "suffix", "none"],
                    help="where each document's <|endoftext|> goes (default: prefix)")
     p.add_argument("--text-column", default="text")

@@ -15,8 +15,10 @@ import os
 
 from .interrupt import children_ignore_ctrl_c
 
-PRELOAD = ("distributed", "dask.dataframe", "tokenshards.tokenize.task", "tokenshards.encoding.backends", "splintr", "riptoken")
-"""What a worker's tasks import; the forkserver skips a module that is not installed."""
+PRELOAD = ("distributed", "dask.dataframe", "tokenshards.tokenize.task", "tokenshards.encoding.backends", "gigatoken",
+           "awkward", "splintr", "riptoken")
+"""What a worker's tasks import; the forkserver skips a module that is not installed. (gigatoken hands
+its results back as awkward arrays but imports awkward only then: ~0.35 s in a worker's first task.)"""
 
 
 def start_forkserver() -> bool:

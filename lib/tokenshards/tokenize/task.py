@@ -23,7 +23,7 @@ from ..encoding.encoders import WorkerEncoder
 from ..errors import InputChanged, InputError
 from .plan import STRING_TYPES, Piece, without_skip_hint
 from ..storage.store import describe_identity_change, file_identity, filesystem, join, write_atomic
-from .core import tokenize_texts
+from .core import tokenize_column
 from .resume import done_record
 
 FRAME_META = pd.DataFrame({
@@ -199,8 +199,7 @@ def write_partition(frame: pd.DataFrame, piece: Piece, *, settings: TaskSettings
         raise InputError(f"{piece.input}: partition {piece.index}, row {int(frame['row'].iat[invalid[0]])}: column "
                          f"{settings.text_column!r} is not valid UTF-8{more}; fix the file, or pass --on-bad-file skip "
                          "to skip such rows")
-    texts = text.to_pylist()
-    batch = tokenize_texts(texts, backend, eot_position=settings.eot_position, dtype=settings.dtype)
+    batch = tokenize_column(text, backend, eot_position=settings.eot_position, dtype=settings.dtype)
     rows = frame["row"].to_numpy()[batch.kept]
     ids = pa.array(frame["id"]).take(pa.array(batch.kept)).to_pylist()
     ids = [i if i is not None else f"{piece.name}:{r}" for i, r in zip(ids, rows.tolist())]
