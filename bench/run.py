@@ -108,11 +108,8 @@ class PeakTreeRSS:
         return self.peak
 
 
-def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool = False) -> dict:
-    out = scratch / f"out-{backend}"
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [str(BIN / "tokenshards"), "tokenize", "--input", str(corpus), "--out", str(out), "--workers", str(workers),
-           "--backend", backend, "--progress", "none", "--dashboard-address", ":0"]
+def run_metered(cmd: list[str]) -> tuple[str, float, int]:
+    """(stdout, wall seconds, peak tree RSS) of one whole command; its stderr if it fails."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     meter = PeakTreeRSS(proc.pid)
@@ -120,7 +117,16 @@ def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool
     wall = time.perf_counter() - t0
     peak = meter.stop()
     if proc.returncode:
-        raise SystemExit(f"tokenshards failed:\n{stderr}")
+        raise SystemExit(f"{Path(cmd[0]).name} {cmd[1]} failed:\n{stderr}")
+    return stdout, wall, peak
+
+
+def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool = False) -> dict:
+    out = scratch / f"out-{backend}"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [str(BIN / "tokenshards"), "tokenize", "--input", str(corpus), "--out", str(out), "--workers", str(workers),
+           "--backend", backend, "--progress", "none", "--dashboard-address", ":0"]
+    stdout, wall, peak = run_metered(cmd)
     tokens = int(re.search(r"([\d,]+) tokens", stdout).group(1).replace(",", ""))
     phase = float(re.search(r"tokenizing phase ([\d.]+) s", stdout).group(1))
     if not keep:
@@ -138,14 +144,7 @@ def run_export(out: Path, workers: int, scratch: Path, *, shuffle: bool) -> dict
     val = 10_485_760 if tokens > 2 * 10_485_760 else tokens // 10
     cmd = [str(BIN / "tokenshards"), "export", str(out), "--format", "llmc", "--to", str(dest), "--workers", str(workers),
            "--val-tokens", str(val), "--dashboard-address", ":0", "--progress", "none"] + (["--shuffle"] if shuffle else [])
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    meter = PeakTreeRSS(proc.pid)
-    stdout, stderr = proc.communicate()
-    wall = time.perf_counter() - t0
-    peak = meter.stop()
-    if proc.returncode:
-        raise SystemExit(f"tokenshards export failed:\n{stderr}")
+    stdout, wall, peak = run_metered(cmd)
     shutil.rmtree(dest, ignore_errors=True)
     tokens = sum(int(n.replace(",", "")) for n in re.findall(r"([\d,]+) tokens", stdout.splitlines()[-2]))
     return {"tokens": tokens, "seconds": wall, "peak_rss_bytes": peak}
