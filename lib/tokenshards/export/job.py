@@ -159,8 +159,8 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
     if config.shuffled:
         from .shuffle import run_shuffled_export
 
-        with _dest_lease(config, announce=announce):
-            return run_shuffled_export(config, announce=announce)
+        with _dest_lease(config, announce=announce) as lease:
+            return run_shuffled_export(config, lease=lease, announce=announce)
     t0 = time.perf_counter()
     _, _, manifest = open_manifest(config.out, config.storage_options)
     with _dest_lease(config, announce=announce) as lease:

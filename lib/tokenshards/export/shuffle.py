@@ -397,8 +397,9 @@ def open_runs(config) -> list[Run]:
     return runs
 
 
-def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
-    """``export --shuffle`` and mixtures of several runs; see the module docstring."""
+def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = print):
+    """``export --shuffle`` and mixtures of several runs, while holding DEST's ``lease``; see the
+    module docstring."""
     from .job import RECORD_FORMAT, ExportSummary, _prepare_dest, _val_candidates, _write_files
 
     t0 = time.perf_counter()
@@ -520,6 +521,7 @@ def run_shuffled_export(config, *, announce: Callable[[str], None] = print):
         "splits": {s: {"docs": streams.docs(s), "tokens": streams.tokens(s)} for s in ("val", "train")},
         "files": [{"name": f.name, "split": f.split, "tokens": f.tokens, "bytes": f.nbytes} for f in files],
     }
+    lease.check()  # an export that stalled past its lease must not write its record over a successor's files
     write_json(dest_fs, join(dest_root, formats.record_name(config.format, config.name_prefix)), record)
     notes = [f"{s['path']}: weight {s['weight']:.4g}, {s['tokens']:,} train tokens ({counted(s['documents'], 'document')}, "
              f"{s['epochs']:.3g} epochs)" for s in record["sources"]] if len(runs) > 1 else []
