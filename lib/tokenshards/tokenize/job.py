@@ -119,11 +119,7 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
     # A worker killed mid-write during this run left one too; every partition is committed now.
     _clear_leftovers(out_fs, out_root)
     lease.check()  # a run that stalled past its lease must not commit over its successor's files
-    for e in sorted(entries.values(), key=lambda e: e.index):
-        if e.skipped_invalid:
-            rows = ", ".join(map(str, e.invalid_rows[:5])) + (", …" if e.skipped_invalid > 5 else "")
-            announce(f"skipped {counted(e.skipped_invalid, 'row')} of {e.input} (partition {e.index}) whose "
-                     f"text is not valid UTF-8: rows {rows}; recorded as skipped_invalid in the manifest")
+    _announce_invalid_rows(entries.values(), announce=announce)
     rows_of = {p.index: p.rows for p in pieces}  # so that verify can check each input's rows are covered
     unreadable = [dataclasses.replace(b, rows=rows_of[b.partition]) if b.partition is not None else b for b in unreadable]
     result = manifest.build_manifest(identity=identity, job=job, files=files, skipped=unreadable, entries=list(entries.values()),
@@ -136,6 +132,15 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
     return Summary(out=config.out, partitions=len(pieces), skipped_partitions=len(committed), docs=totals["docs"],
                    tokens=totals["tokens"], skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
                    seconds=time.perf_counter() - t0, tokenize_seconds=max(finished - started, 0.0))
+
+
+def _announce_invalid_rows(entries, *, announce: Callable[[str], None]) -> None:
+    """One line per partition that skipped rows of invalid UTF-8 (``--on-bad-file skip``)."""
+    for e in sorted(entries, key=lambda e: e.index):
+        if e.skipped_invalid:
+            rows = ", ".join(map(str, e.invalid_rows[:5])) + (", …" if e.skipped_invalid > 5 else "")
+            announce(f"skipped {counted(e.skipped_invalid, 'row')} of {e.input} (partition {e.index}) whose "
+                     f"text is not valid UTF-8: rows {rows}; recorded as skipped_invalid in the manifest")
 
 
 def _clear_leftovers(fs, root: str) -> None:
