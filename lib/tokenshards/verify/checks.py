@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..encoding.encoders import token_dtype
+from ..encoding.encoders import WorkerEncoder, token_dtype
 from ..format import v1
 from ..format.v1 import ENCODING_KEYS, ENTRY_KEYS, REQUIRED_KEYS, DOCS_COLUMNS, Manifest, PartitionEntry
 from ..tokenize.config import EOT_POSITIONS
@@ -33,8 +33,8 @@ class Expected:
     eot_position: str
     job: str
     text_column: str
-    encoder_plugin: str | None = None
-    """Set when --deep compares documents: the worker plugin holding the encoding."""
+    encoder: WorkerEncoder | None = None
+    """Set when --deep compares documents: the encoding its worker's plugin holds."""
     input_identities: dict | None = None
     """--deep: {input path: its identity when tokenized} for the sampled partitions' inputs."""
 

@@ -25,7 +25,7 @@ from ..cluster.progress import Progress
 from ..format import v1
 from ..format.v1 import Manifest, PartitionEntry
 from ..cluster.options import RunOptions
-from ..encoding.encoders import EncoderPlugin, load_encoding, plugin_name, worker_encoding
+from ..encoding.encoders import EncoderPlugin, load_encoding
 from ..errors import UserError
 from ..wording import counted
 from ..storage.store import (describe_identity_change, file_identity, filesystem, is_local, join, read_json,
@@ -131,7 +131,7 @@ def _verify_partition(entry: PartitionEntry, sample: list[int], *, out: str, sto
         return problems, 0
     starts, lengths = (docs.column(c).to_numpy().astype(np.int64) for c in ("start", "length"))
     problems += check_separators(entry, tokens.values, starts, lengths, expected=expected)
-    if not sample or expected.encoder_plugin is None:
+    if not sample or expected.encoder is None:
         return problems, 0
     deep_problems, compared = _compare_sample(entry, sorted(sample), docs, tokens.values, expected=expected,
                                               storage_options=storage_options)
@@ -154,7 +154,7 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
                            text_column=expected.text_column, storage_options=storage_options)
     except (OSError, pa.ArrowException, KeyError, ValueError) as e:
         return [f"{where}: --deep cannot read {entry.input} ({type(e).__name__}: {str(e).splitlines()[0]})"], 0
-    encoding = worker_encoding(expected.encoder_plugin)
+    encoding = expected.encoder.encoding()
     ids, starts, lengths = (docs.column(c).to_pylist() for c in ("id", "start", "length"))
     problems = []
     for i in sample:
@@ -256,11 +256,12 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
 
     with runner.connect_to(config, announce=announce) as client:
         if loaded is not None:
-            client.register_plugin(EncoderPlugin(loaded))
+            plugin = EncoderPlugin(loaded)
+            client.register_plugin(plugin)
             sampled = {e.input for e in entries if sample.get(e.index)}
             identities = {i["path"]: i["identity"] for i in manifest.inputs
                           if isinstance(i, dict) and i.get("path") in sampled and isinstance(i.get("identity"), dict)}
-            expected = dataclasses.replace(expected, encoder_plugin=plugin_name(loaded), input_identities=identities)
+            expected = dataclasses.replace(expected, encoder=plugin.ref, input_identities=identities)
         announce(f"verifying {counted(len(entries), 'partition')} of {config.out}"
                  + (f", re-tokenizing {sum(map(len, sample.values()))} documents" if sample else ""))
         partition_problems, compared = _verify_partitions(client, entries, sample, config=config, expected=expected)
