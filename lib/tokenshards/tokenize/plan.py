@@ -7,6 +7,7 @@ the same rows whoever runs it, and a rerun can trust what an earlier run committ
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -69,12 +70,24 @@ def read_input_metadata(url: str, name: str, *, text_column: str, id_column: str
                         storage_options: dict | None = None) -> InputFile:
     """Footer only: row counts, row groups and the text column's size. Runs on a worker."""
     fs, path = filesystem(url, storage_options)
-    try:
+
+    def footer() -> tuple[tuple, pq.FileMetaData]:
         identity = file_identity(fs, path)
-        size = dict(identity)["size"]
         with fs.open(path, "rb") as f:
-            meta = pq.ParquetFile(f).metadata
-            schema = meta.schema.to_arrow_schema()
+            return identity, pq.ParquetFile(f).metadata
+
+    return input_from_footer(url, name, footer, text_column=text_column, id_column=id_column)
+
+
+def input_from_footer(url: str, name: str, footer: Callable[[], tuple[tuple, pq.FileMetaData]], *,
+                      text_column: str, id_column: str | None) -> InputFile:
+    """The ``InputFile`` of the file at ``url`` whose identity and metadata ``footer()`` gives,
+    wherever it reads them (the file itself, or the Hub before the file is downloaded to ``url``):
+    the plan cannot tell the two apart."""
+    try:
+        identity, meta = footer()
+        size = dict(identity)["size"]
+        schema = meta.schema.to_arrow_schema()
     except FileNotFoundError as e:
         # The client found it, a worker did not: the worker runs on another machine.
         raise InputError(f"{url}: file not found on a worker; workers must see the same path as this machine "
@@ -113,8 +126,17 @@ def _column_bytes(row_group: pq.RowGroupMetaData, name: str) -> int:
 
 def read_input_or_bad(url: str, name: str, *, on_bad_file: str, **kwargs) -> InputFile | BadInput:
     """``--on-bad-file skip``: an unreadable file becomes a ``BadInput`` instead of an error."""
+    return _or_bad(url, on_bad_file, lambda: read_input_metadata(url, name, **kwargs))
+
+
+def footer_or_bad(url: str, name: str, footer, *, on_bad_file: str, **kwargs) -> InputFile | BadInput:
+    """``input_from_footer``, with an unreadable file a ``BadInput`` under ``--on-bad-file skip``."""
+    return _or_bad(url, on_bad_file, lambda: input_from_footer(url, name, footer, **kwargs))
+
+
+def _or_bad(url: str, on_bad_file: str, read: Callable[[], InputFile]) -> InputFile | BadInput:
     try:
-        return read_input_metadata(url, name, **kwargs)
+        return read()
     except InputError as e:
         if on_bad_file == "skip":
             return BadInput(url=url, reason=without_skip_hint(str(e)))
