@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import os
 import queue
 import re
@@ -29,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import fsspec
 import httpx2
@@ -227,6 +228,21 @@ def is_present(ds: HubDataset, listing: HubListing, f: HubFile) -> bool:
 
 def download(ds: HubDataset, listing: HubListing, *, announce: Callable[[str], None] = print) -> list[Source]:
     """Fetch what is missing (after saying how much, and checking the disk); return local sources."""
+    prepare_download(ds, listing, announce=announce)
+    if not constants.is_offline_mode():
+        _fetch_all(ds, listing, listing.files, announce=announce)  # present ones too: a HEAD checks their etag
+        remember_revision(ds, listing)
+    return local_sources(ds, listing)
+
+
+def local_sources(ds: HubDataset, listing: HubListing) -> list[Source]:
+    """Every listed file where huggingface_hub puts it (downloaded or not yet), in listing order."""
+    return [Source(url=str(local_path(ds, listing, f)), name=f.path) for f in listing.files]
+
+
+def prepare_download(ds: HubDataset, listing: HubListing, *, announce: Callable[[str], None]) -> list[HubFile]:
+    """What a download must fetch, after saying how much and checking the disk (offline: refuse
+    when anything is missing). Fetches nothing."""
     _clear_stale(ds, listing)
     todo = [f for f in listing.files if not is_present(ds, listing, f)]
     target = ds.download_dir or ds.hub_cache
@@ -238,17 +254,13 @@ def download(ds: HubDataset, listing: HubListing, *, announce: Callable[[str], N
              + f"; fetching {len(todo)} files ({human(need)}B) into {target}, {human(free)}B free")
     check_disk(need=need, free=free, keep_free=ds.keep_free, where=target,
                what=f"fetching {len(todo)} files of {listing.describe()}")
-    if constants.is_offline_mode():
-        if todo:
-            raise UserError(f"HF_HUB_OFFLINE is set but {len(todo)} files of {listing.describe()} are incomplete; "
-                            "unset HF_HUB_OFFLINE to fetch them")
-    else:
-        _fetch_all(ds, listing, listing.files, announce=announce)
-        _remember_revision(ds, listing)
-    return [Source(url=str(local_path(ds, listing, f)), name=f.path) for f in listing.files]
+    if constants.is_offline_mode() and todo:
+        raise UserError(f"HF_HUB_OFFLINE is set but {len(todo)} files of {listing.describe()} are incomplete; "
+                        "unset HF_HUB_OFFLINE to fetch them")
+    return todo
 
 
-def _remember_revision(ds: HubDataset, listing: HubListing) -> None:
+def remember_revision(ds: HubDataset, listing: HubListing) -> None:
     """Record revision → commit in the cache's ``refs/`` as huggingface_hub does when it resolves a
     branch itself (we download at the pinned commit, so it doesn't), for HF_HUB_OFFLINE=1 reruns."""
     if ds.download_dir or listing.revision == listing.commit:
@@ -263,53 +275,93 @@ def _remember_revision(ds: HubDataset, listing: HubListing) -> None:
 def _fetch_all(ds: HubDataset, listing: HubListing, files, *, announce: Callable[[str], None],
                every: float = 15.0) -> None:
     """Every file through ``fetch_file``, ``max_workers`` at a time, with a progress line per file
-    and one every ``every`` seconds (a FineWeb file is ~2 GB: minutes without a word otherwise).
+    and one every ``every`` seconds (a FineWeb file is ~2 GB: minutes without a word otherwise)."""
+    for _ in arrivals(Fetcher(ds, listing, files, workers=ds.max_workers).start(), announce=announce, every=every):
+        pass
+
+
+def arrivals(fetcher: "Fetcher", *, announce: Callable[[str], None], every: float = 15.0) -> Iterator[tuple[HubFile, str]]:
+    """(file, local path) as each download ends, with a line per file and one every ``every``
+    seconds. After an ordinary error the downloads under way are let finish, so a rerun finds them
+    whole; leaving early stops the fetcher from starting more."""
+    ready = ready_bytes = 0
+    try:
+        while ready < len(fetcher.files):
+            try:
+                f, path, error = fetcher.next(timeout=every)
+            except queue.Empty:
+                if fetcher.stopped():
+                    return  # stopped by the job, which no longer waits for these files
+                announce(fetcher.status(ready))
+                continue
+            if error is not None:
+                fetcher.stop(wait=True)
+                raise error
+            ready, ready_bytes = ready + 1, ready_bytes + f.size
+            announce(f"ready {ready}/{len(fetcher.files)} ({human(ready_bytes)}B of {human(fetcher.total)}B): {f.path}")
+            yield f, path
+    finally:
+        fetcher.stop()
+
+
+class Fetcher:
+    """``files`` through ``fetch_file`` on background threads, ``workers`` at a time, started in
+    the order given; each outcome lands on a queue as (file, local path, error), read with ``next``.
 
     Daemon threads, so that Ctrl-C stops at once instead of waiting for 2 GB downloads to end;
     what they leave is only huggingface_hub's temporary ``.incomplete`` files (see ``_clear_stale``).
-    After an ordinary error the downloads under way are let finish, so a rerun finds them whole."""
-    total = sum(f.size for f in files)
-    counter = _ByteCounter()
-    work: queue.Queue = queue.Queue()
-    for f in files:
-        work.put(f)
-    results: queue.Queue = queue.Queue()
-    stop = threading.Event()
+    ``stop`` starts no further file; ``stop(wait=True)`` also lets the ones under way finish."""
 
-    def worker() -> None:
-        while not stop.is_set():
-            try:
-                f = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                results.put((f, fetch_file(ds, listing.repo, listing.commit, f, tqdm_class=counter.bar), None))
-            except BaseException as e:  # handed to the main thread, raised there
-                results.put((f, None, e))
+    def __init__(self, ds: HubDataset, listing: HubListing, files, *, workers: int):
+        self.files = list(files)
+        self.total = sum(f.size for f in self.files)
+        self._counter = _ByteCounter()
+        self._work: queue.Queue = queue.Queue()
+        for f in self.files:
+            self._work.put(f)
+        self._results: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
 
-    threads = [threading.Thread(target=worker, name=f"tokenshards-hub-{i}", daemon=True)
-               for i in range(min(ds.max_workers, len(files)))]
-    for t in threads:
-        t.start()
-    t0 = time.monotonic()
-    ready = ready_bytes = 0
-    try:
-        while ready < len(files):
-            try:
-                f, _, error = results.get(timeout=every)
-            except queue.Empty:
-                rate = counter.n / max(time.monotonic() - t0, 1e-9)
-                announce(f"downloading: {human(counter.n)}B received, {human(rate)}B/s, {ready}/{len(files)} files ready")
-                continue
-            if error is not None:
-                stop.set()
-                for t in threads:
+        def worker() -> None:
+            while not self._stop.is_set():
+                try:
+                    f = self._work.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    self._results.put((f, fetch_file(ds, listing.repo, listing.commit, f, tqdm_class=self._counter.bar),
+                                       None))
+                except BaseException as e:  # handed to the reading thread, raised there
+                    self._results.put((f, None, e))
+
+        self._threads = [threading.Thread(target=worker, name=f"tokenshards-hub-{i}", daemon=True)
+                         for i in range(min(workers, len(self.files)))]
+
+    def start(self) -> "Fetcher":
+        self._t0 = time.monotonic()
+        for t in self._threads:
+            t.start()
+        return self
+
+    def next(self, timeout: float | None = None) -> tuple[HubFile, str | None, BaseException | None]:
+        """The next file done (or failed); ``queue.Empty`` after ``timeout`` seconds without one."""
+        return self._results.get(timeout=timeout)
+
+    def stop(self, *, wait: bool = False) -> None:
+        self._stop.set()
+        if wait:
+            for t in self._threads:
+                if t.is_alive():
                     t.join()
-                raise error
-            ready, ready_bytes = ready + 1, ready_bytes + f.size
-            announce(f"ready {ready}/{len(files)} ({human(ready_bytes)}B of {human(total)}B): {f.path}")
-    finally:
-        stop.set()
+
+    def stopped(self) -> bool:
+        """Stopped, and no download under way any more."""
+        return self._stop.is_set() and not any(t.is_alive() for t in self._threads)
+
+    def status(self, ready: int) -> str:
+        rate = self._counter.n / max(time.monotonic() - self._t0, 1e-9)
+        return f"downloading: {human(self._counter.n)}B received, {human(rate)}B/s, {ready}/{len(self.files)} files ready"
 
 
 def _clear_stale(ds: HubDataset, listing: HubListing, *, older_than: float = 3600.0) -> None:
@@ -373,6 +425,86 @@ def fetch_file(ds: HubDataset, repo: str, commit: str, f: HubFile, *, tqdm_class
         if force:
             raise UserError(f"{where}: {problem} even after a fresh download; the Hub's listing and file disagree")
         force = True
+
+
+# -- footers before the download (client mode, overlapped with tokenizing) --
+
+OVERLAP_DOWNLOADS = 1
+"""Files downloaded at a time while tokenizing overlaps: through one link, k downloads at once
+make the first whole file wait k times longer and leave k files to tokenize after the last byte
+arrives; huggingface_hub's Xet path already fetches one file over many connections."""
+FOOTER_TAIL = 64 * 2**10
+"""Bytes of a file's end asked for first: what Arrow reads first to find a footer (its default
+footer read size); a larger footer costs one more request."""
+
+
+def cached_identity(f: HubFile) -> tuple[tuple[str, object], ...]:
+    """``store.file_identity`` of ``f`` once it is in the HF cache, known from the listing: the
+    cache names a blob by the etag the Hub sends (the listed LFS sha256, else the git blob id)."""
+    return (("size", f.size), ("blob", f.etag))
+
+
+def read_footer(ds: HubDataset, listing: HubListing, f: HubFile):
+    """``f``'s parquet metadata (``pq.FileMetaData``) read with ranged GETs of its resolve URL at
+    the pinned commit: one request (two for a footer over ``FOOTER_TAIL``), not the whole file."""
+    import pyarrow.parquet as pq
+    from huggingface_hub import hf_hub_url
+
+    url = hf_hub_url(listing.repo, f.path, repo_type="dataset", revision=listing.commit, endpoint=ds.hub_endpoint)
+    where = f"{f.path} of {listing.repo}@{listing.commit[:12]} from {ds.hub_endpoint}"
+    try:
+        tail = _get_range(ds, url, max(0, f.size - FOOTER_TAIL), f.size)
+        if len(tail) >= 8 and tail[-4:] == b"PAR1":
+            need = min(f.size, int.from_bytes(tail[-8:-4], "little") + 8)
+            if need > len(tail):
+                tail = _get_range(ds, url, f.size - need, f.size - len(tail)) + tail
+    except (RepositoryNotFoundError, RevisionNotFoundError, RemoteEntryNotFoundError) as e:
+        raise UserError(f"cannot read the footer of {where}: {_first_line(e)}; the repo changed since it was listed? rerun") from e
+    except (HfHubHTTPError, httpx2.HTTPError, OSError) as e:
+        raise UserError(f"cannot read the footer of {where} ({_first_line(e)}); check your connection and rerun") from e
+    return pq.ParquetFile(_Tail(tail, f.size)).metadata
+
+
+def _get_range(ds: HubDataset, url: str, start: int, stop: int) -> bytes:
+    """Bytes [start, stop) of ``url``, with huggingface_hub's headers (HF_TOKEN) and its retries."""
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
+
+    r = http_backoff("GET", url, headers={"Range": f"bytes={start}-{stop - 1}", **build_hf_headers()},
+                     max_retries=ds.retries, base_wait_time=ds.backoff, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
+    hf_raise_for_status(r)
+    body = r.content if r.status_code == 206 else r.content[start:stop]  # a server may ignore Range
+    if len(body) != stop - start:
+        raise OSError(f"asked for bytes {start}-{stop - 1}, got {len(body)} bytes")
+    return body
+
+
+class _Tail(io.RawIOBase):
+    """A read-only file of ``size`` bytes of which only the last ``len(tail)`` are known: what
+    pyarrow reads to parse a footer. A read before them is an error, never made-up bytes."""
+
+    def __init__(self, tail: bytes, size: int):
+        self._tail, self._size, self._start, self._pos = tail, size, size - len(tail), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = {0: 0, 1: self._pos, 2: self._size}[whence] + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        if self._pos < self._start:
+            raise OSError(f"byte {self._pos} is before the {len(self._tail)} bytes read of the file's end")
+        data = self._tail[self._pos - self._start:self._pos - self._start + len(buffer)]
+        buffer[:len(data)] = data
+        self._pos += len(data)
+        return len(data)
 
 
 def _disagreement(path: str, f: HubFile) -> str | None:
