@@ -10,7 +10,9 @@ only the root reaches the client. Nothing here knows what a partition, chunk or 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+import queue
+import threading
+from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence, TypeVar
 
 from distributed import Client, Future, as_completed
 
@@ -71,6 +73,85 @@ def each_result(client: Client, futures: Sequence[Future], items: Sequence[Item]
             future.release()  # a finished result is the caller's now: free it on the worker
     except BaseException:
         client.cancel(list(futures))
+        raise
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable[[list[Item]], list[Future]], *,
+                         waiting_for: Callable[[Item], Hashable | None], arrivals: Iterable[Hashable],
+                         explain: Callable[[Item, Exception], UserError], progress: Progress | None = None,
+                         amount: Callable[[Item, Any], int] = lambda item, result: 0) -> Iterator[tuple[Item, Any]]:
+    """``each_result`` for work whose inputs arrive while it runs (files still downloading).
+
+    Items whose ``waiting_for(item)`` is None are submitted at once (``submit(batch)`` returns one
+    future per item), the others in one batch when ``arrivals`` (iterated on a thread of its own:
+    it may block) yields their key. An error ``arrivals`` raises stops the job like a failed task:
+    raised here as it is, every task still pending cancelled."""
+    events: queue.Queue = queue.Queue()
+    now: list = []
+    held: dict[Hashable, list] = {}
+    for item in items:
+        key = waiting_for(item)
+        (now if key is None else held.setdefault(key, [])).append(item)
+    item_of: dict = {}
+    live: dict = {}
+
+    def launch(batch: list) -> None:
+        if not batch:
+            return
+        for future, item in zip(submit(batch), batch):
+            item_of[future.key] = item
+            live[future.key] = future
+            future.add_done_callback(lambda f: events.put(("done", f)))  # called on another thread
+
+    def feed() -> None:
+        try:
+            for key in arrivals:
+                events.put(("ready", key))
+        except BaseException as e:  # handed to the reading thread, raised there
+            events.put(("error", e))
+        else:
+            events.put(("end", None))
+
+    threading.Thread(target=feed, name="tokenshards-arrivals", daemon=True).start()
+    ended = False
+    try:
+        launch(now)
+        while live or not ended:
+            try:
+                kind, value = events.get(timeout=1.0)
+            except queue.Empty:
+                interrupt.check()
+                continue
+            if kind == "error":
+                raise value
+            if kind == "ready":
+                launch(held.pop(value, []))
+                continue
+            if kind == "end":
+                ended = True
+                if held:
+                    raise RuntimeError(f"{len(held)} inputs never arrived: {', '.join(map(str, list(held)[:3]))}")
+                continue
+            future = live.pop(value.key, None)
+            if future is None:
+                continue
+            item = item_of[future.key]
+            try:
+                result = future.result()
+            except UserError:
+                raise
+            except Exception as e:
+                raise explain(item, e) from e
+            yield item, result
+            interrupt.check()
+            if progress is not None:
+                progress.update(amount(item, result))
+            future.release()
+    except BaseException:
+        client.cancel(list(live.values()))
         raise
     finally:
         if progress is not None:
