@@ -4,11 +4,16 @@
 It runs in two halves around the cluster's start: ``locate`` before (listing inputs and the Hub,
 and with ``--fetch client`` downloading, needs no workers), ``plan`` after (footers are read by
 workers, and ``--fetch workers`` registers the Hub plugin on them).
+
+``tokenize`` overlaps the download with tokenizing (``locate(overlap=True)``): the downloads run
+in the background, the footers of files not yet here are read from the Hub with ranged GETs, so
+the plan, the job identity and every byte are what a download-first run has; ``arrived`` then
+tells the job which input is whole, and its partitions start.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from distributed import Client
 
@@ -17,7 +22,7 @@ from ..errors import UserError
 from ..storage.hubspec import HubDataset
 from ..storage.sources import Source, resolve_inputs
 from .config import auto_partition_bytes
-from .plan import BadInput, InputFile, Piece, plan_pieces, read_input_or_bad
+from .plan import BadInput, InputFile, Piece, footer_or_bad, plan_pieces, read_input_or_bad
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +33,15 @@ class Located:
     hub: HubDataset | None = None
     listing: object | None = None
     """The Hub listing (``hub.HubListing``) when reading the Hub, else None."""
+    arriving: tuple = ()
+    """Hub files (``hub.HubFile``) still downloading in the background, by ``fetcher``."""
+    fetcher: object | None = None
+    """The background downloads (``hub.Fetcher``): stop it when the run ends early."""
+
+    def stop(self) -> None:
+        """No more downloads started (the run ended, or failed before it needed them)."""
+        if self.fetcher is not None:
+            self.fetcher.stop()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +52,8 @@ class Corpus:
     pieces: list[Piece]
     partition_bytes: int
     listing: object | None = None
+    arriving: frozenset[str] = frozenset()
+    """Inputs (urls) not downloaded yet: their partitions wait for ``arrived``."""
 
     @property
     def text_bytes(self) -> int:
@@ -50,36 +66,123 @@ def find_inputs(inputs: tuple[str, ...], *, storage_options: dict,
     return resolve_inputs(inputs, storage_options, announce=announce) if inputs else []
 
 
-def locate(sources: list[Source], *, hub: HubDataset | None, announce: Callable[[str], None]) -> Located:
+def locate(sources: list[Source], *, hub: HubDataset | None, announce: Callable[[str], None],
+           overlap: bool = False) -> Located:
     """List the Hub sample, and with ``--fetch client`` download it here (after the output and
-    the encoding were checked: a typo must not cost a download)."""
+    the encoding were checked: a typo must not cost a download). ``overlap``: start the download
+    in the background instead (into the HF cache only, see ``can_overlap``)."""
     if hub is None:
         return Located(sources=sources)
     from ..storage import hub as hub_io  # huggingface_hub: imported only by runs that read the Hub
 
+    from huggingface_hub import constants
+
     listing = hub_io.list_files(hub)
+    if hub.fetch == "client" and overlap and can_overlap(hub):
+        todo = hub_io.prepare_download(hub, listing, announce=announce)  # the same disk check
+        fetcher = None
+        if todo:
+            fetcher = hub_io.Fetcher(hub, listing, todo, workers=min(hub.max_workers, hub_io.OVERLAP_DOWNLOADS)).start()
+        elif not constants.is_offline_mode():
+            hub_io.remember_revision(hub, listing)  # as ``download`` does, for HF_HUB_OFFLINE=1 reruns
+        return Located(sources=sources + hub_io.local_sources(hub, listing), hub=hub, listing=listing,
+                       arriving=tuple(todo), fetcher=fetcher)
     if hub.fetch == "client":
         sources = sources + hub_io.download(hub, listing, announce=announce)
     return Located(sources=sources, hub=hub, listing=listing)
 
 
+def can_overlap(hub: HubDataset) -> bool:
+    """Into the HF cache, a file's identity (size, etag-named blob) is known before it is
+    downloaded; in a ``--download-dir`` it is the file's mtime, known only after, and the job
+    identity claimed before the first write holds it: such runs download first."""
+    return hub.download_dir is None
+
+
 def plan(client: Client, located: Located, *, text_column: str, id_column: str | None, storage_options: dict,
          partition_bytes: int | None, on_bad_file: str = "fail", announce: Callable[[str], None]) -> Corpus:
-    """Footers on the workers, then the plan; unreadable inputs fail or (``skip``) are announced."""
+    """Footers on the workers (from the Hub for files still downloading), then the plan;
+    unreadable inputs fail or (``skip``) are announced."""
     sources = list(located.sources)
     if located.listing is not None and located.hub.fetch == "workers":
         from ..storage import hub as hub_io
 
         sources += hub_io.prepare_workers(client, located.hub, located.listing, announce=announce)
-    files, unreadable = read_footers(client, sources, text_column=text_column, id_column=id_column,
+    remote = _arriving_urls(located)
+    here = [s for s in sources if s.url not in remote]
+    files, unreadable = read_footers(client, here, text_column=text_column, id_column=id_column,
                                      storage_options=storage_options, on_bad_file=on_bad_file)
+    if remote:
+        found = {r.url: r for r in [*files, *unreadable, *_hub_footers(located, remote, text_column=text_column,
+                                                                         id_column=id_column, on_bad_file=on_bad_file)]}
+        ordered = [found[s.url] for s in sources]  # the order a download-first run has
+        files = [r for r in ordered if isinstance(r, InputFile)]
+        unreadable = [r for r in ordered if isinstance(r, BadInput)]
     if not files:
         raise UserError("every input was skipped as unreadable; nothing to tokenize")
     for bad in unreadable:
         announce(f"skipping unreadable input: {bad.reason}")
     size = partition_bytes or auto_partition_bytes(sum(sum(f.row_group_text_bytes) for f in files))
     return Corpus(sources=sources, files=files, unreadable=unreadable, pieces=plan_pieces(files, target_bytes=size),
-                  partition_bytes=size, listing=located.listing)
+                  partition_bytes=size, listing=located.listing,
+                  arriving=frozenset(f.url for f in files if f.url in remote))
+
+
+def _arriving_urls(located: Located) -> dict[str, object]:
+    """Local url → Hub file, for the files still downloading."""
+    if not located.arriving:
+        return {}
+    from ..storage import hub as hub_io
+
+    return {str(hub_io.local_path(located.hub, located.listing, f)): f for f in located.arriving}
+
+
+def _hub_footers(located: Located, remote: dict[str, object], *, text_column: str, id_column: str | None,
+                 on_bad_file: str) -> list[InputFile | BadInput]:
+    """The footers of files still downloading, from the Hub (ranged GETs, a few at a time), as
+    ``InputFile``s of their local paths: the identity each will have there, the metadata it has."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..storage import hub as hub_io
+
+    def one(item) -> InputFile | BadInput:
+        url, f = item
+        name = f.path
+        return footer_or_bad(url, name, lambda: (hub_io.cached_identity(f), hub_io.read_footer(located.hub, located.listing, f)),
+                             on_bad_file=on_bad_file, text_column=text_column, id_column=id_column)
+
+    with ThreadPoolExecutor(max_workers=min(8, len(remote))) as pool:
+        return list(pool.map(one, remote.items()))
+
+
+def arrived(located: Located, *, announce: Callable[[str], None]) -> Iterator[str]:
+    """The url of each downloading input once it is whole and is the file planned (its identity);
+    a failed download raises here, as ``download`` would."""
+    if located.fetcher is None:
+        return
+    from ..storage import hub as hub_io
+    from ..storage.store import describe_identity_change, file_identity, filesystem
+
+    whole = 0
+    for f, _ in hub_io.arrivals(located.fetcher, announce=announce):
+        whole += 1
+        url = str(hub_io.local_path(located.hub, located.listing, f))
+        fs, path = filesystem(url, None)
+        now = file_identity(fs, path)
+        if now != hub_io.cached_identity(f):
+            raise UserError(f"{url}: downloaded, but not the file the Hub listed "
+                            f"({describe_identity_change(hub_io.cached_identity(f), now)}); rerun")
+        yield url
+    if whole == len(located.arriving):
+        hub_io.remember_revision(located.hub, located.listing)
+
+
+def wait_for_downloads(located: Located | None, *, announce: Callable[[str], None]) -> None:
+    """Every background download whole, when no partition waits for one (a run leaves the
+    sample downloaded, as a download-first run does)."""
+    if located is not None:
+        for _ in arrived(located, announce=announce):
+            pass
 
 
 def read_footers(client: Client, sources: list[Source], *, text_column: str, id_column: str | None,

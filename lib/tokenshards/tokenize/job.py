@@ -76,11 +76,21 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
     # Checked before a cluster starts; its notes wait so that the dashboard link comes first.
     encoding_notes: list[str] = []
     loaded = load_encoding(config.encoding, announce=encoding_notes.append)
-    spec = loaded.spec
     backend, backend_note = choose_backend(config.backend, loaded.encoding, loaded.params)
     encoding_notes.append(f"tokenizer: {backend_note}")
-    located = corpus.locate(sources, hub=config.hub, announce=announce)
+    # Downloads start here, in the background: they go on while the cluster starts and tokenizes.
+    located = corpus.locate(sources, hub=config.hub, announce=announce, overlap=True)
+    try:
+        return _run_located(config, located, loaded, backend, encoding_notes, report, lease, out_fs, out_root,
+                            t0=t0, announce=announce)
+    finally:
+        located.stop()
 
+
+def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, backend, encoding_notes: list[str], report,
+                 lease: Lease, out_fs, out_root: str, *, t0: float, announce: Callable[[str], None]) -> Summary:
+    """The run once its inputs are located (some may still be downloading)."""
+    spec = loaded.spec
     with runner.connect_to(config, announce=announce) as client, report:
         for note in encoding_notes:
             announce(note)
@@ -113,7 +123,8 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
                                 backend=backend_version(backend))
         entries = dict(committed)
         started, finished = _tokenize_pending(client, pending, settings, config, entries, unreadable,
-                                              already_done=len(committed), announce=announce)
+                                              already_done=len(committed), announce=announce,
+                                              located=located, arriving=plan.arriving)
 
     interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
     # A worker killed mid-write during this run left one too; every partition is committed now.
@@ -181,20 +192,35 @@ def partition_tasks(pending: list[Piece], settings: TaskSettings) -> dd.DataFram
 
 def _tokenize_pending(client: Client, pending: list[Piece], settings: TaskSettings, config: TokenizeConfig,
                       entries: dict[int, PartitionEntry], unreadable: list[BadInput], *, already_done: int,
-                      announce: Callable[[str], None]) -> tuple[float, float]:
+                      announce: Callable[[str], None], located: corpus.Located | None = None,
+                      arriving: frozenset[str] = frozenset()) -> tuple[float, float]:
     """Tokenize every pending piece; fill ``entries`` (and ``unreadable`` under --on-bad-file skip);
-    return (first start, last end) times of the tasks."""
+    return (first start, last end) times of the tasks. Pieces of an input in ``arriving`` start
+    when ``located``'s download of it is whole."""
     if not pending:
+        corpus.wait_for_downloads(located, announce=announce)  # a rerun with everything committed
         return 0.0, 0.0
+
     # Largest first (Dask runs them roughly in submission order): the small last partitions of
     # each file then fill the final wave, so cores idle less at the end. Output does not change.
+    # (Batches of arriving inputs keep this order: they are runs of this list.)
     pending = sorted(pending, key=lambda p: (-p.text_bytes, p.index))
-    with dask.config.set(DASK_SETTINGS):
-        futures = client.compute(partition_tasks(pending, settings).to_delayed(), retries=config.retries)
+
+    def submit(batch: list[Piece]) -> list:
+        with dask.config.set(DASK_SETTINGS):
+            return client.compute(partition_tasks(batch, settings).to_delayed(), retries=config.retries)
+
     progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
     first, last = float("inf"), 0.0
-    results = runner.each_result(client, futures, pending, explain=runner.failure(_describe_piece), progress=progress,
-                                 amount=lambda piece, frame: TaskResult.from_frame(frame).tokens)
+    explain = runner.failure(_describe_piece)
+    tokens = lambda piece, frame: TaskResult.from_frame(frame).tokens  # noqa: E731
+    if arriving:
+        results = runner.each_result_as_ready(
+            client, pending, submit, waiting_for=lambda p: p.input if p.input in arriving else None,
+            arrivals=corpus.arrived(located, announce=lambda msg: progress.say(announce, msg)),
+            explain=explain, progress=progress, amount=tokens)
+    else:
+        results = runner.each_result(client, submit(pending), pending, explain=explain, progress=progress, amount=tokens)
     for piece, frame in results:
         result = TaskResult.from_frame(frame)
         if result.unreadable is not None:
@@ -204,6 +230,8 @@ def _tokenize_pending(client: Client, pending: list[Piece], settings: TaskSettin
             continue
         entries[piece.index] = result.entry
         first, last = min(first, result.started), max(last, result.finished)
+    if not arriving:
+        corpus.wait_for_downloads(located, announce=announce)  # of inputs skipped as unreadable
     return first, last
 
 
