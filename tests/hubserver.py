@@ -12,8 +12,10 @@ It answers the requests huggingface_hub 2.x makes (read from its source, not gue
   ``X-Linked-Size``/``X-Linked-Etag`` for LFS files, and ``Range`` requests (206).
 
 Faults for tests: ``fail(...)`` answers matching requests with a status (429, 500...) a number of
-times; ``drop(...)`` sends headers and only part of a body, then closes the connection. Every
-request is logged in ``requests`` so tests can assert what the client fetched.
+times; ``drop(...)`` sends headers and only part of a body, then closes the connection. Speed:
+``rate`` caps each response's body, ``link_rate`` all of them together (one link, shared by
+every connection, as a machine's network is). Every request is logged in ``requests`` so tests
+can assert what the client fetched.
 
 Run alone to try ``make tokenize`` against it: ``python tests/hubserver.py ROOT --repo R``.
 """
@@ -32,6 +34,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 LFS_SUFFIXES = (".parquet",)
+LINK_BURST = 0.05
+"""Seconds of ``link_rate`` a sender may catch up after waking late: one chunk of ``_trickle``."""
 
 
 @dataclass
@@ -42,6 +46,8 @@ class Fault:
     status: int | None = None
     headers: dict = field(default_factory=dict)
     drop_after: int | None = None
+    ranged: bool | None = None
+    """True: only GETs of a closed byte range (a footer read); False: all others; None: any."""
 
 
 @dataclass(frozen=True)
@@ -56,16 +62,20 @@ class HubServer:
     """Serves the files under ``root`` as dataset repo ``repo`` at commit ``commit`` (branch ``main``)."""
 
     def __init__(self, root: Path, *, repo: str = "HuggingFaceFW/fineweb", commit: str | None = None,
-                 page_size: int | None = None, branches: tuple[str, ...] = ("main",), list_subfolders: bool = True):
+                 page_size: int | None = None, branches: tuple[str, ...] = ("main",), list_subfolders: bool = True,
+                 link_rate: int | None = None):
         self.root = Path(root)
         self.repo = repo
         self.commit = commit or hashlib.sha1(f"{repo}@{time.time_ns()}".encode()).hexdigest()
         self.page_size = page_size
         self.branches = branches
         self.list_subfolders = list_subfolders
-        self.rate: int | None = None
-        """Bytes per second for file bodies (None: as fast as possible), to interrupt a download."""
         """False: a tree request for a path is 404, as from a minimal server that lists only the root."""
+        self.rate: int | None = None
+        """Bytes per second for each file body (None: as fast as possible), to interrupt a download."""
+        self.link_rate = link_rate
+        """Bytes per second for all file bodies together (None: no cap): first come, first served."""
+        self._link_free = 0.0
         self.requests: list[Logged] = []
         self._faults: list[Fault] = []
         self._lock = threading.Lock()
@@ -101,10 +111,12 @@ class HubServer:
 
     # -- test controls --
     def fail(self, path_regex: str, *, status: int, times: int = 1, method: str | None = None,
-             headers: dict | None = None) -> None:
-        """Answer the next ``times`` matching requests with ``status`` (e.g. 429 with Retry-After)."""
+             headers: dict | None = None, ranged: bool | None = None) -> None:
+        """Answer the next ``times`` matching requests with ``status`` (e.g. 429 with Retry-After);
+        ``ranged``: only footer-style reads of a closed range (True), or only the others (False)."""
         with self._lock:
-            self._faults.append(Fault(re.compile(path_regex), method, times, status=status, headers=headers or {}))
+            self._faults.append(Fault(re.compile(path_regex), method, times, status=status, headers=headers or {},
+                                      ranged=ranged))
 
     def drop(self, path_regex: str, *, after_bytes: int, times: int = 1) -> None:
         """For the next ``times`` matching GETs, send the headers and ``after_bytes`` of the body, then hang up."""
@@ -116,13 +128,34 @@ class HubServer:
             self._faults.clear()
 
     def downloads(self, path: str | None = None) -> list[Logged]:
-        """Successful body-carrying GETs of resolve URLs (optionally of one repo path)."""
+        """Successful GETs of resolve URLs that carry a file to its end (optionally of one repo
+        path): a whole file, or the rest of one after a dropped connection (``Range: bytes=N-``)."""
+        return [r for r in self._bodies(path) if not _closed_range(r.range)]
+
+    def partial_reads(self, path: str | None = None) -> list[Logged]:
+        """Successful GETs of a closed byte range (``Range: bytes=A-B``), e.g. a parquet footer."""
+        return [r for r in self._bodies(path) if _closed_range(r.range)]
+
+    def _bodies(self, path: str | None) -> list[Logged]:
         return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path and r.status in (200, 206)
                 and (path is None or r.path.endswith("/" + quote(path)))]
 
-    def _take_fault(self, method: str, path: str) -> Fault | None:
+    def _through_link(self, n: int) -> None:
+        """Wait until the link has carried the bytes sent before, then ``n`` more (first come, first
+        served). A token bucket of ``LINK_BURST`` seconds: a sender woken late (a busy machine)
+        catches up as a kernel's socket buffers would, yet no window carries more than that extra."""
+        with self._lock:
+            now = time.monotonic()
+            start = max(self._link_free, now - LINK_BURST)
+            self._link_free = start + n / self.link_rate
+            until = self._link_free
+        time.sleep(max(0.0, until - now))
+
+    def _take_fault(self, method: str, path: str, range_header: str | None = None) -> Fault | None:
         with self._lock:
             for fault in self._faults:
+                if fault.ranged is not None and fault.ranged != _closed_range(range_header):
+                    continue
                 if fault.times > 0 and (fault.method in (None, method)) and fault.pattern.search(path):
                     fault.times -= 1
                     return fault
@@ -206,7 +239,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, *, head: bool) -> None:
         hub = self.hub
-        fault = hub._take_fault(self.command, self.path)
+        fault = hub._take_fault(self.command, self.path, self.headers.get("Range"))
         if fault is not None and fault.status is not None:
             self._send(fault.status, b"injected fault", {"Content-Type": "text/plain", **fault.headers}, head=head)
             return
@@ -286,7 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
             status = 206
             headers["Content-Range"] = f"bytes {first}-{first + len(body) - 1}/{len(data)}"
         headers["Content-Length"] = str(len(body))
-        if hub.rate and not head:
+        if (hub.rate or hub.link_rate) and not head:
             self._trickle(status, body, headers)
             return
         if drop_after is None or head:
@@ -308,21 +341,30 @@ class _Handler(BaseHTTPRequestHandler):
 
 
     def _trickle(self, status: int, body: bytes, headers: dict) -> None:
-        """Send the body at ``hub.rate`` bytes/s; a client that hangs up just ends it."""
+        """Send the body at ``hub.rate`` bytes/s and through ``hub.link_rate``; a client that hangs up just ends it."""
+        hub = self.hub
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
-        step = max(1, self.hub.rate // 20)
+        step = max(1, min(r for r in (hub.rate, hub.link_rate) if r) // 20)
         try:
             for i in range(0, len(body), step):
-                self.wfile.write(body[i:i + step])
+                chunk = body[i:i + step]
+                if hub.link_rate:
+                    hub._through_link(len(chunk))
+                self.wfile.write(chunk)
                 self.wfile.flush()
-                time.sleep(0.05)
+                if hub.rate:
+                    time.sleep(len(chunk) / hub.rate)
         except OSError:
             self.close_connection = True
             return
         self.hub.requests.append(Logged(self.command, self.path, self.headers.get("Range"), status))
+
+
+def _closed_range(header: str | None) -> bool:
+    return bool(header and re.fullmatch(r"bytes=\d+-\d+", header.strip()))
 
 
 def main() -> None:
@@ -330,8 +372,10 @@ def main() -> None:
     p.add_argument("root")
     p.add_argument("--repo", default="HuggingFaceFW/fineweb")
     p.add_argument("--page-size", type=int)
+    p.add_argument("--rate", type=float, metavar="MB_S", help="cap all downloads together at this many MB/s")
     a = p.parse_args()
-    with HubServer(Path(a.root), repo=a.repo, page_size=a.page_size) as hub:
+    with HubServer(Path(a.root), repo=a.repo, page_size=a.page_size,
+                   link_rate=int(a.rate * 1e6) if a.rate else None) as hub:
         print(f"HF_ENDPOINT={hub.url}  (repo {hub.repo}, commit {hub.commit}); Ctrl-C stops", flush=True)
         try:
             while True:

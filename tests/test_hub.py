@@ -6,6 +6,7 @@ a user would set.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -285,6 +286,13 @@ def test_full_run_downloads_each_file_once_and_matches_tiktoken(server, tokenize
     _check_against_tiktoken(out, server.root, gpt2)
     fetched = sorted(r.path.rsplit("/", 1)[1] for r in server.downloads())
     assert fetched == [p.name for p in _served(server.root)]  # each once, and nothing of sample/100BT
+    # Planned before the downloads ended: each footer read once, with one ranged GET of the file's end.
+    footers = sorted(r.path.rsplit("/", 1)[1] for r in server.partial_reads())
+    assert footers == [p.name for p in _served(server.root)]
+    for r in server.partial_reads():
+        first, last = map(int, r.range.removeprefix("bytes=").split("-"))
+        size = (server.root / "sample/10BT" / r.path.rsplit("/", 1)[1]).stat().st_size
+        assert last == size - 1 and last - first + 1 <= hub.FOOTER_TAIL
     manifest = json.loads((out / "manifest.json").read_text())
     assert [i["name"] for i in manifest["inputs"]] == [f"sample/10BT/00{n}_00000.parquet" for n in range(3)]
     assert all(f"snapshots/{server.commit}/sample/10BT/" in i["path"] for i in manifest["inputs"])
@@ -293,6 +301,48 @@ def test_full_run_downloads_each_file_once_and_matches_tiktoken(server, tokenize
     again, _ = tokenize([], hub=ds)  # a rerun: nothing fetched, every partition already committed
     assert not [r for r in server.requests[n:] if "/resolve/" in r.path]
     assert again.skipped_partitions == again.partitions == summary.partitions
+
+
+def test_tokenizing_while_downloading_writes_the_bytes_a_download_first_run_writes(server, tokenize, tmp_path):
+    """Footers from the Hub, partitions started as each file arrives: the same job identity, plan,
+    part files, done records and manifest as when every file was downloaded before planning."""
+    first = dataclasses.replace(_dataset(server, tmp_path), cache_dir=str(tmp_path / "first"))
+    hub.download(first, hub.list_files(first), announce=lambda m: None)  # then the run plans from local files
+    n = len(server.requests)
+    tokenize([], out=tmp_path / "a", hub=first, partition_bytes=300)
+    assert not [r for r in server.requests[n:] if "/resolve/" in r.path]
+    tokenize([], out=tmp_path / "b", hub=dataclasses.replace(first, cache_dir=str(tmp_path / "second")),
+             partition_bytes=300)
+    assert len(server.downloads()) == 2 * 3 and len(server.partial_reads()) == 3  # each run fetched each file once
+    a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
+    assert sorted(a) == sorted(b) and len(a) > 8
+    # Only the cache folder differs, and the job hash, which hashes the job identity holding it.
+    jobs = [json.loads(t["manifest.json"])["job"].encode() for t in (a, b)]
+    for name in a:
+        assert a[name].replace(b"/first/", b"/second/").replace(*jobs) == b[name], name
+
+
+def test_a_download_failing_while_tokenizing_stops_the_run_and_the_rerun_resumes(server, tokenize, tmp_path, gpt2):
+    server.fail(r"002_00000\.parquet", status=500, method="GET", times=10, ranged=False)  # footers read fine
+    ds = _dataset(server, tmp_path, retries=1)
+    with pytest.raises(UserError, match=r"^cannot download sample/10BT/002_00000\.parquet of HuggingFaceFW/fineweb@"
+                                        r".* after 2 attempts .*; rerun to resume"):
+        tokenize([], hub=ds, partition_bytes=300)
+    assert not (tmp_path / "out/manifest.json").exists()
+    fetched_first = {r.path for r in server.downloads()}
+    assert len(fetched_first) == 2  # one at a time, in order: 000 and 001 arrived before 002 failed
+    server.clear_faults()
+    summary, out = tokenize([], hub=ds, partition_bytes=300)
+    _check_against_tiktoken(out, server.root, gpt2)
+    again = [r.path for r in server.downloads()]
+    assert len(again) == 3 and set(again[:2]) == fetched_first  # the rerun fetched only the missing file
+    assert summary.partitions > 3
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` but OUT's lease (which names its holder), by relative path."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and "lease" not in p.name}
 
 
 def test_workers_fetch_mode_downloads_once_per_machine(server, tokenize, tmp_path, gpt2):
