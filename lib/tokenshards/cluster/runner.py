@@ -46,6 +46,16 @@ def failure(describe: Callable[[Any], str]) -> Callable[[Any, Exception], UserEr
     return explain
 
 
+def _result(future: Future, item, explain: Callable[[Any, Exception], UserError]):
+    """A finished task's result; its ``UserError`` as it is, any other error ``explain``-ed."""
+    try:
+        return future.result()
+    except UserError:
+        raise
+    except Exception as e:
+        raise explain(item, e) from e
+
+
 def each_result(client: Client, futures: Sequence[Future], items: Sequence[Item], *,
                 explain: Callable[[Item, Exception], UserError], progress: Progress | None = None,
                 amount: Callable[[Item, Any], int] = lambda item, result: 0,
@@ -58,14 +68,7 @@ def each_result(client: Client, futures: Sequence[Future], items: Sequence[Item]
     try:
         for future in as_completed(futures):
             item = item_of[future.key]
-            result = None
-            if fetch or future.status == "error":
-                try:
-                    result = future.result()
-                except UserError:
-                    raise
-                except Exception as e:
-                    raise explain(item, e) from e
+            result = _result(future, item, explain) if fetch or future.status == "error" else None
             yield item, result
             interrupt.check()  # a Ctrl-C that Dask swallowed still stops the job here
             if progress is not None:
@@ -139,12 +142,7 @@ def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable
             if future is None:
                 continue
             item = item_of[future.key]
-            try:
-                result = future.result()
-            except UserError:
-                raise
-            except Exception as e:
-                raise explain(item, e) from e
+            result = _result(future, item, explain)
             yield item, result
             interrupt.check()
             if progress is not None:
