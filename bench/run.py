@@ -146,7 +146,9 @@ def run_export(out: Path, workers: int, scratch: Path, *, shuffle: bool) -> dict
            "--val-tokens", str(val), "--dashboard-address", ":0", "--progress", "none"] + (["--shuffle"] if shuffle else [])
     stdout, wall, peak = run_metered(cmd)
     shutil.rmtree(dest, ignore_errors=True)
-    tokens = sum(int(n.replace(",", "")) for n in re.findall(r"([\d,]+) tokens", stdout.splitlines()[-2]))
+    # The summary's first line: "done: N files; val D documents, T tokens; train D documents, T tokens; ..."
+    done = next(line for line in stdout.splitlines() if line.startswith("done:"))
+    tokens = sum(int(n.replace(",", "")) for n in re.findall(r"([\d,]+) tokens", done))
     return {"tokens": tokens, "seconds": wall, "peak_rss_bytes": peak}
 
 
