@@ -167,6 +167,20 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
         return _export_owned(config, manifest, lease, t0=t0, announce=announce)
 
 
+def record_settings(config: ExportConfig, manifest, dtype: str) -> dict:
+    """What every ``NAME_export.json`` records of the tokens and the options, in this order (its
+    run's encoding: a mixture's runs share it)."""
+    sharded = config.format in ("llmc", "npy")
+    return {
+        "encoding": manifest.encoding.to_dict(),
+        "eot_position": manifest.eot_position,
+        "dtype": dtype,
+        "shard_tokens": config.shard_size if sharded else None,
+        "min_shard_tokens": config.min_shard_size if sharded else None,
+        "val_tokens_requested": config.val_tokens,
+    }
+
+
 def _dest_lease(config: ExportConfig, *, announce: Callable[[str], None]) -> Lease:
     """One live writer per folder, exports and tokenize runs alike: --overwrite never removes a
     live writer's files (``storage.lease``)."""
@@ -222,12 +236,7 @@ def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,
         "export_format": config.format,
         "source": config.out,
         "source_job": manifest.job,
-        "encoding": manifest.encoding.to_dict(),
-        "eot_position": manifest.eot_position,
-        "dtype": dtype,
-        "shard_tokens": config.shard_size if config.format in ("llmc", "npy") else None,
-        "min_shard_tokens": config.min_shard_size if config.format in ("llmc", "npy") else None,
-        "val_tokens_requested": config.val_tokens,
+        **record_settings(config, manifest, dtype),
         "val_selection": "whole documents with the smallest blake2b-64(id), ties by (input, row), "
                          "until val_tokens is reached",
         "splits": {s: {"docs": streams.docs(s), "tokens": streams.tokens(s)} for s in ("val", "train")},

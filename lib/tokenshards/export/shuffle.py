@@ -400,7 +400,7 @@ def open_runs(config) -> list[Run]:
 def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = print):
     """``export --shuffle`` and mixtures of several runs, while holding DEST's ``lease``; see the
     module docstring."""
-    from .job import RECORD_FORMAT, ExportSummary, _prepare_dest, _val_candidates, _write_files
+    from .job import RECORD_FORMAT, ExportSummary, _prepare_dest, _val_candidates, _write_files, record_settings
 
     t0 = time.perf_counter()
     runs = open_runs(config)
@@ -502,12 +502,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
         "format": RECORD_FORMAT,
         "export_format": config.format,
         "source": runs[0].path if len(runs) == 1 else None,
-        "encoding": runs[0].manifest.encoding.to_dict(),
-        "eot_position": runs[0].manifest.eot_position,
-        "dtype": dtype,
-        "shard_tokens": config.shard_size if config.format in ("llmc", "npy") else None,
-        "min_shard_tokens": config.min_shard_size if config.format in ("llmc", "npy") else None,
-        "val_tokens_requested": config.val_tokens,
+        **record_settings(config, runs[0].manifest, dtype),
         "val_selection": "per run, whole documents with the smallest blake2b-64(id), ties by (input, row), until its "
                          "share of val_tokens (by weight) is reached",
         "order": {"shuffle": True, "seed": seed,
