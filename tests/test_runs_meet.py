@@ -51,12 +51,17 @@ def _wait_for(predicate, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
-def test_overwrite_and_second_writer_refuse_a_live_run(corpus, tmp_path, cluster):
-    out = tmp_path / "out"
-    live = subprocess.Popen([TOKENSHARDS, "tokenize", "--input", str(corpus), "--out", str(out), "--workers", "1",
+def _start_tokenize(corpus, out, *, stdout) -> subprocess.Popen:
+    """A live `tokenshards tokenize` in its own process: one worker, small partitions, slow backend."""
+    return subprocess.Popen([TOKENSHARDS, "tokenize", "--input", str(corpus), "--out", str(out), "--workers", "1",
                              "--backend", "tiktoken", "--partition-mb", str(PARTITION_BYTES / 1e6),
                              "--progress", "none", "--dashboard-address", ":0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=stdout, stderr=subprocess.PIPE, text=True)
+
+
+def test_overwrite_and_second_writer_refuse_a_live_run(corpus, tmp_path, cluster):
+    out = tmp_path / "out"
+    live = _start_tokenize(corpus, out, stdout=subprocess.PIPE)
     try:
         _wait_for(lambda: any((out / "parts").glob("*.done.json")) if (out / "parts").exists() else False)
         for options in ({"overwrite": True}, {}, {"eot_position": "suffix", "overwrite": True}):
@@ -177,10 +182,7 @@ def test_export_refuses_a_folder_a_live_run_writes(corpus, tmp_path, cluster):
     out = tmp_path / "out"
     run_tokenize(_config(corpus, out, cluster), announce=lambda m: None)
     dest = tmp_path / "dest"
-    live = subprocess.Popen([TOKENSHARDS, "tokenize", "--input", str(corpus), "--out", str(dest), "--workers", "1",
-                             "--backend", "tiktoken", "--partition-mb", str(PARTITION_BYTES / 1e6),
-                             "--progress", "none", "--dashboard-address", ":0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    live = _start_tokenize(corpus, dest, stdout=subprocess.DEVNULL)
     try:
         _wait_for(lambda: any((dest / "parts").glob("*.done.json")) if (dest / "parts").exists() else False)
         with pytest.raises(UserError, match=rf"being written by a tokenize run on host \S+, pid {live.pid}"):
