@@ -322,6 +322,58 @@ def test_local_workers_fork_from_a_preloaded_server_and_ignore_ctrl_c(tmp_path):
     assert proc.stdout.strip() == repr([(preloaded, True)] * 2)
 
 
+PREBUILT_PROBE = r"""
+import sys
+from tokenshards.cluster.prestart import start_forkserver
+from tokenshards.cluster.connect import connect
+from tokenshards.encoding import prebuilt
+from tokenshards.encoding.backends import choose
+from tokenshards.encoding.encoders import EncoderPlugin, load_encoding
+
+if __name__ == "__main__":
+    loaded = load_encoding("gpt2")  # keeps gpt2 parsed: the server prebuilds only what loads offline
+    assert start_forkserver(prebuild=("gpt2", "auto"))
+    with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
+        here = choose("auto", loaded.encoding, loaded.params)
+        there = prebuilt.ask(loaded.fingerprint, "auto")
+        assert (there.name, there.note) == (here.name, here.note), (there, here)
+        assert prebuilt.ask(loaded.fingerprint, "splintr") is None  # another request: chosen here
+        assert prebuilt.ask("0" * 64, "auto") is None  # another encoding: chosen here
+        plugin = EncoderPlugin(loaded, backend=there.name)
+        client.register_plugin(plugin)
+        text = "<|endoftext|> prebuilt 🙂 中文 " * 50
+        def probe(dask_worker):
+            backend = dask_worker.plugins[plugin.name].backend
+            flat, _ = backend.encode_many([text])
+            return backend is prebuilt._prebuilt.backend, flat.tolist()
+        want = loaded.encoding.encode_ordinary(text)
+        print(sorted(client.run(probe).values()) == [(True, want)] * 2)
+"""
+
+
+def test_local_workers_start_with_the_encoder_their_server_verified_and_built(tmp_path):
+    """With the command line's encoding and backend, the forkserver verifies and builds the
+    encoder once (prebuilt.py): the client takes its verdict, the workers its very objects."""
+    script = tmp_path / "probe.py"
+    script.write_text(PREBUILT_PROBE)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
+
+
+def test_a_prebuilt_encoder_serves_only_its_own_fingerprint_and_backend(monkeypatch, gpt2):
+    from tokenshards.encoding import prebuilt
+    from tokenshards.encoding.backends import Choice, TiktokenBackend
+
+    backend = TiktokenBackend(gpt2)
+    monkeypatch.setattr(prebuilt, "_prebuilt", prebuilt.Prebuilt(
+        fingerprint="f" * 64, requested="auto", choice=Choice("tiktoken", "note"), encoding=gpt2, backend=backend))
+    assert prebuilt.for_worker("f" * 64, "tiktoken") == (gpt2, backend)
+    assert prebuilt.for_worker("e" * 64, "tiktoken") is None
+    assert prebuilt.for_worker("f" * 64, "gigatoken") is None
+    assert prebuilt.ask("f" * 64, "auto") is None  # only the process that requested a prebuild asks
+
+
 def test_default_local_cluster_has_a_worker_per_core():
     """No --workers, --scheduler or --cluster: what `make tokenize` runs on."""
     import os

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pytest
 
 from tokenshards.encoding.backends import (FAST_BACKENDS, SPOT_CHECK_CHARS, BackendMismatch, TiktokenBackend, build_backend,
-                                           choose_backend, spot_check_sample, without_possessive_quantifiers)
+                                           choose, spot_check_sample, without_possessive_quantifiers)
 from tokenshards.errors import UserError
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.tokenize.plan import InputFile, plan_pieces
@@ -89,18 +89,20 @@ def test_plan_groups_row_groups_up_to_target_and_never_splits_one():
 
 def test_auto_backend_takes_the_fastest_that_matches_tiktoken(gpt2):
     loaded = load_encoding("gpt2")
-    name, why = choose_backend("auto", loaded.encoding, loaded.params)
-    assert name == FAST_BACKENDS[0] == "gigatoken" and "verified against tiktoken" in why
-    assert choose_backend("splintr", loaded.encoding, loaded.params)[0] == "splintr"
-    assert choose_backend("riptoken", loaded.encoding, loaded.params)[0] == "riptoken"
-    assert choose_backend("tiktoken", loaded.encoding, loaded.params)[0] == "tiktoken"
+    choice = choose("auto", loaded.encoding, loaded.params)
+    assert choice.name == FAST_BACKENDS[0] == "gigatoken" and "verified against tiktoken" in choice.note
+    assert choice.verified is not None and choice.verified.name == "gigatoken"
+    assert choose("splintr", loaded.encoding, loaded.params).name == "splintr"
+    assert choose("riptoken", loaded.encoding, loaded.params).name == "riptoken"
+    assert choose("tiktoken", loaded.encoding, loaded.params).name == "tiktoken"
     wrong = dict(loaded.params, pat_str=r"\S+|\s+")  # same ranks, other split: other ids
-    name, why = choose_backend("auto", loaded.encoding, wrong)
-    assert name == "tiktoken" and all(f"{fast} not used" in why for fast in FAST_BACKENDS)
+    choice = choose("auto", loaded.encoding, wrong)
+    name, why = choice.name, choice.note
+    assert name == "tiktoken" and choice.verified is None and all(f"{fast} not used" in why for fast in FAST_BACKENDS)
     assert "gigatoken not used: ValueError: gigatoken has no pretokenizer for this encoding's split pattern" in why
     for fast in FAST_BACKENDS:
         with pytest.raises(UserError, match=f"--backend {fast} cannot be used for gpt2"):
-            choose_backend(fast, loaded.encoding, wrong)
+            choose(fast, loaded.encoding, wrong)
 
 
 @pytest.mark.parametrize("encoding", ["gpt2", "cl100k_base"])

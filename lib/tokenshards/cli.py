@@ -346,7 +346,9 @@ def _prestart_local_workers(args) -> None:
             return
     from .cluster.prestart import start_forkserver
 
-    start_forkserver()
+    # tokenize names its encoding and backend: the server prebuilds them for the workers.
+    wants = getattr(args, "encoding", None), getattr(args, "backend", None)
+    start_forkserver(prebuild=wants if all(wants) else None)
 
 
 def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> int:

@@ -10,6 +10,7 @@ import array
 import importlib.metadata
 import os
 import re
+from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 import numpy as np
@@ -308,13 +309,14 @@ def backend_version(name: str) -> str:
     return f"{name} {importlib.metadata.version(DISTRIBUTIONS[name])}"
 
 
-def build_backend(name: str, encoding: tiktoken.Encoding, params: dict) -> Backend:
-    """The backend a worker uses (``name`` already resolved by ``choose_backend``)."""
+def build_backend(name: str, encoding: tiktoken.Encoding, params: dict, *, verified: Backend | None = None) -> Backend:
+    """The backend a worker uses (``name`` already resolved by ``choose``; ``verified``, the
+    instance ``choose`` checked, is used as it is)."""
     reference = TiktokenBackend(encoding)
     if name == "tiktoken":
         return reference
     if name in FAST_BACKENDS:
-        return CheckedBackend(_fast_backend(name, params), reference)
+        return CheckedBackend(verified if verified is not None else _fast_backend(name, params), reference)
     raise UserError(f"--backend {name!r} not supported, expected one of {BACKENDS}")
 
 
@@ -347,36 +349,53 @@ def _fast_backend(name: str, params: dict) -> Backend:
     return {"gigatoken": GigatokenBackend, "splintr": SplintrBackend, "riptoken": RiptokenBackend}[name](params)
 
 
-def _disagreement(name: str, params: dict, texts: list[str], want: np.ndarray) -> str | None:
-    """None when backend ``name`` reproduces ``want`` on ``texts``, else why not."""
+def _verified(name: str, params: dict, texts: list[str], want: np.ndarray) -> tuple[Backend | None, str | None]:
+    """(the built backend, None) when ``name`` reproduces ``want`` on ``texts``, else (None, why not)."""
     try:
-        fast, _ = _fast_backend(name, params).encode_many(texts)
+        fast = _fast_backend(name, params)
+        ids, _ = fast.encode_many(texts)
     except Exception as e:  # a pattern its regex engine cannot compile, a crash in the extension...
-        return f"{type(e).__name__}: {e}"
-    return None if np.array_equal(fast, want) else "its ids differ from tiktoken's on the verification sample"
+        return None, f"{type(e).__name__}: {e}"
+    return (fast, None) if np.array_equal(ids, want) else (None, "its ids differ from tiktoken's on the verification sample")
 
 
-def choose_backend(requested: str, encoding: tiktoken.Encoding, params: dict) -> tuple[str, str]:
-    """(backend name, one line saying why). ``auto`` takes the fastest installed backend that
-    reproduces tiktoken on the verification sample, else tiktoken."""
+@dataclass(frozen=True)
+class Choice:
+    """What ``choose`` decided: the backend's name, one line saying why, and the fast backend it
+    verified (None for tiktoken), so that whoever builds the worker's backend need not build it twice."""
+
+    name: str
+    note: str
+    verified: Backend | None = None
+
+
+def check_request(requested: str) -> None:
+    """The errors ``choose`` would raise before it builds anything: cheap, so a run checks them
+    before its cluster starts."""
     if requested not in BACKENDS:
         raise UserError(f"--backend {requested!r} not supported, expected one of {', '.join(BACKENDS)}")
-    if requested == "tiktoken":
-        return "tiktoken", backend_version("tiktoken")
-    if requested != "auto" and not _installed(requested):
+    if requested not in ("auto", "tiktoken") and not _installed(requested):
         raise UserError(f"--backend {requested}: {requested} is not installed; "
                         f"pip install {DISTRIBUTIONS[requested]} (or tokenshards[fast])")
+
+
+def choose(requested: str, encoding: tiktoken.Encoding, params: dict) -> Choice:
+    """``auto`` takes the fastest installed backend that reproduces tiktoken on the verification
+    sample, else tiktoken; a named fast backend must reproduce it or the run stops."""
+    check_request(requested)
+    if requested == "tiktoken":
+        return Choice("tiktoken", backend_version("tiktoken"))
     candidates = [requested] if requested != "auto" else [name for name in FAST_BACKENDS if _installed(name)]
     if not candidates:
-        return "tiktoken", backend_version("tiktoken")
+        return Choice("tiktoken", backend_version("tiktoken"))
     texts = verification_texts()
     want, _ = TiktokenBackend(encoding).encode_many(texts)
     refused = []
     for name in candidates:
-        why = _disagreement(name, params, texts, want)
-        if why is None:
-            return name, f"{backend_version(name)} (verified against tiktoken; spot-checked in every partition)"
+        fast, why = _verified(name, params, texts, want)
+        if fast is not None:
+            return Choice(name, f"{backend_version(name)} (verified against tiktoken; spot-checked in every partition)", fast)
         if requested == name:
             raise UserError(f"--backend {name} cannot be used for {encoding.name}: {why}; use --backend tiktoken")
         refused.append(f"{name} not used: {why}")
-    return "tiktoken", f"{backend_version('tiktoken')} ({'; '.join(refused)})"
+    return Choice("tiktoken", f"{backend_version('tiktoken')} ({'; '.join(refused)})")

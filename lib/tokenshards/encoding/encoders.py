@@ -234,14 +234,20 @@ class EncoderPlugin(WorkerPlugin):
 
     def __init__(self, loaded: LoadedEncoding, *, backend: str = "tiktoken"):
         self.name = plugin_name(loaded, backend=backend)
+        self.fingerprint = loaded.fingerprint
         self.params = loaded.params
         self.backend_name = backend
         self.encoding: tiktoken.Encoding | None = None
         self.backend = None
 
     def setup(self, worker):
+        from . import prebuilt
         from .backends import build_backend
 
+        found = prebuilt.for_worker(self.fingerprint, self.backend_name)  # a local worker's, verified already
+        if found is not None:
+            self.encoding, self.backend = found
+            return
         self.encoding = tiktoken.Encoding(**self.params)
         try:
             self.backend = build_backend(self.backend_name, self.encoding, self.params)
@@ -254,8 +260,8 @@ class EncoderPlugin(WorkerPlugin):
         return WorkerEncoder(self.name)
 
     def __getstate__(self):
-        return {"name": self.name, "params": self.params, "backend_name": self.backend_name, "encoding": None,
-                "backend": None}
+        return {"name": self.name, "fingerprint": self.fingerprint, "params": self.params,
+                "backend_name": self.backend_name, "encoding": None, "backend": None}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from ..cluster import interrupt, runner
 from ..format import v1 as manifest
 from ..format.v1 import PartitionEntry
 from .config import TokenizeConfig
-from ..encoding.backends import backend_version, choose_backend
+from ..encoding import prebuilt
+from ..encoding.backends import backend_version, check_request, choose
 from ..encoding.encoders import EncoderPlugin, load_encoding
 from ..errors import UserError
 from . import corpus
@@ -76,23 +77,25 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
     # Checked before a cluster starts; its notes wait so that the dashboard link comes first.
     encoding_notes: list[str] = []
     loaded = load_encoding(config.encoding, announce=encoding_notes.append)
-    backend, backend_note = choose_backend(config.backend, loaded.encoding, loaded.params)
-    encoding_notes.append(f"tokenizer: {backend_note}")
+    check_request(config.backend)  # the backend itself is verified once the cluster is starting
     # Downloads start here, in the background: they go on while the cluster starts and tokenizes.
     located = corpus.locate(sources, hub=config.hub, announce=announce, overlap=True)
     try:
-        return _run_located(config, located, loaded, backend, encoding_notes, report, lease, out_fs, out_root,
+        return _run_located(config, located, loaded, encoding_notes, report, lease, out_fs, out_root,
                             t0=t0, announce=announce)
     finally:
         located.stop()
 
 
-def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, backend, encoding_notes: list[str], report,
+def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encoding_notes: list[str], report,
                  lease: Lease, out_fs, out_root: str, *, t0: float, announce: Callable[[str], None]) -> Summary:
     """The run once its inputs are located (some may still be downloading)."""
     spec = loaded.spec
     with runner.connect_to(config, announce=announce) as client, report:
-        for note in encoding_notes:
+        # Local workers' forkserver verified the backend while this process started the cluster.
+        choice = prebuilt.ask(loaded.fingerprint, config.backend) or choose(config.backend, loaded.encoding, loaded.params)
+        backend = choice.name
+        for note in encoding_notes + [f"tokenizer: {choice.note}"]:
             announce(note)
         plan = corpus.plan(client, located, text_column=config.text_column, id_column=config.id_column,
                            storage_options=config.storage_options, partition_bytes=config.partition_bytes,

@@ -1,0 +1,118 @@
+"""Encoders built before the workers exist, in the forkserver local workers are forked from.
+
+A local run's workers are forked from one server process (``cluster/prestart.py``) that imports
+what they need while the client starts. When the command line already says which encoding and
+backend the run wants, that server also loads the encoding, verifies the backend against
+tiktoken (``backends.choose``) and builds it, on the core the client is not using. Every worker
+forked afterwards starts with them built (pages shared with the server, not copied per worker),
+and the client asks a child of the server for its verdict instead of verifying a second time.
+
+Nothing is taken on trust: a worker uses the prebuilt encoder only when its fingerprint (sha256
+of pattern, ranks and special tokens) and backend are the run's, and the client takes the
+verdict only for the same fingerprint and request. Otherwise both do their own work, as they do
+on any other cluster.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the client imports this module before anything heavy: keep it light
+    import tiktoken
+
+    from .backends import Backend, Choice
+
+ENVIRONMENT = "TOKENSHARDS_PREBUILD"
+"""``[encoding, backend]`` as JSON: what the forkserver started after ``request`` prebuilds."""
+
+
+@dataclass(frozen=True)
+class Prebuilt:
+    fingerprint: str
+    requested: str
+    choice: Choice
+    """Name and note only: the verified instance is ``backend``'s fast half."""
+    encoding: tiktoken.Encoding
+    backend: Backend
+
+
+_prebuilt: Prebuilt | None = None
+_requested_here = False
+"""True in the process that called ``request`` (the client): only it asks for the verdict."""
+
+
+def request(encoding: str, backend: str) -> None:
+    """Have the forkserver, started after this call, prebuild ``encoding`` with ``backend``."""
+    global _requested_here
+    os.environ[ENVIRONMENT] = json.dumps([encoding, backend])
+    _requested_here = True
+
+
+def build_requested() -> None:
+    """The forkserver's last preload step: prebuild what ``request`` asked for, then freeze the
+    heap, so the workers' garbage collector never walks (and so never copies) the pages they
+    share with the server. Never raises: whatever fails here, the workers build their own."""
+    global _prebuilt
+    from .backends import Choice, build_backend, choose
+
+    try:
+        name, requested = json.loads(os.environ[ENVIRONMENT])
+        loaded = _cached_encoding(name)
+        if loaded is not None:
+            choice = choose(requested, loaded.encoding, loaded.params)
+            backend = build_backend(choice.name, loaded.encoding, loaded.params, verified=choice.verified)
+            _prebuilt = Prebuilt(fingerprint=loaded.fingerprint, requested=requested,
+                                 choice=Choice(choice.name, choice.note), encoding=loaded.encoding, backend=backend)
+    except Exception:  # noqa: BLE001  (a UserError included: the client raises it itself, in one line)
+        _prebuilt = None
+    gc.freeze()
+
+
+def _cached_encoding(name: str):
+    """The encoding if it loads without the network (tiktoken's pinned encodings kept parsed, or
+    a local trained vocabulary), else None: the server must never wait on a download."""
+    import tiktoken
+
+    from .encoders import LoadedEncoding, _read_parsed
+
+    if name.endswith(".tiktoken"):
+        if "://" in name or not os.path.exists(name):
+            return None
+        from .ranks import load_trained
+
+        encoding, params = load_trained(name)
+        return LoadedEncoding(encoding=encoding, params=params, source=name)
+    params = _read_parsed(name)
+    return None if params is None else LoadedEncoding(encoding=tiktoken.Encoding(**params), params=params, source="")
+
+
+def for_worker(fingerprint: str, backend: str) -> tuple[tiktoken.Encoding, Backend] | None:
+    """(encoding, backend) prebuilt in the server this worker was forked from, if they are these."""
+    found = _prebuilt
+    if found is None or found.fingerprint != fingerprint or found.choice.name != backend:
+        return None
+    return found.encoding, found.backend
+
+
+def _verdict(fingerprint: str, requested: str) -> Choice | None:
+    """Runs in a child of the server: its choice, if it was made for this encoding and request."""
+    found = _prebuilt
+    if found is None or found.fingerprint != fingerprint or found.requested != requested:
+        return None
+    return found.choice
+
+
+def ask(fingerprint: str, requested: str) -> Choice | None:
+    """The server's choice for this encoding and request (None: choose here). A child forked from
+    the server answers; it exists only once the server has finished its preload."""
+    if not _requested_here:
+        return None
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_verdict, fingerprint, requested).result()
