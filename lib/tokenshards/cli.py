@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import gc
+import atexit
 import os
 import sys
 import traceback
@@ -372,11 +372,17 @@ def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> in
 
 
 def console_main(argv: list[str] | None = None):
-    """The ``tokenshards`` command. Freezing the heap before exiting spares interpreter shutdown a
-    final collection over every object Dask left behind (~0.3 s of a tokenize run measured here)."""
+    """The ``tokenshards`` command. Once it is done, the exit handlers run and the process ends
+    there: the interpreter's own teardown would free, one by one, every object Dask, pandas and
+    bokeh made, for nothing (~0.15 s of a tokenize run measured here, after what the workers wait on)."""
     code = main(argv, prestart_workers=True)
-    gc.freeze()
-    sys.exit(code)
+    atexit._run_exitfuncs()  # what sys.exit would run: logging flushes, temp-file and process finalizers
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach the reader
+            pass
+    os._exit(int(code or 0))
 
 
 if __name__ == "__main__":
