@@ -78,10 +78,13 @@ def build_corpus(dest: Path, mb: float) -> tuple[Path, str]:
 
 
 class PeakTreeRSS:
-    """Peak resident memory of a process and all its descendants, sampled every 50 ms."""
+    """Peak resident memory of a process and all its descendants, sampled every 50 ms: RSS summed
+    (a page shared by N processes counts N times), or with ``proportional`` the PSS (a shared page
+    counts 1/N in each: the memory the tree really holds; reading it costs the run CPU)."""
 
-    def __init__(self, pid: int):
+    def __init__(self, pid: int, *, proportional: bool = False):
         self.root = psutil.Process(pid)
+        self.proportional = proportional
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -96,7 +99,7 @@ class PeakTreeRSS:
                 break
             for p in procs:
                 try:
-                    total += p.memory_info().rss
+                    total += p.memory_full_info().pss if self.proportional else p.memory_info().rss
                 except psutil.NoSuchProcess:
                     pass
             self.peak = max(self.peak, total)
@@ -108,11 +111,12 @@ class PeakTreeRSS:
         return self.peak
 
 
-def run_metered(cmd: list[str]) -> tuple[str, float, int]:
-    """(stdout, wall seconds, peak tree RSS) of one whole command; its stderr if it fails."""
+def run_metered(cmd: list[str], *, proportional: bool = False) -> tuple[str, float, int]:
+    """(stdout, wall seconds, peak tree RSS, or PSS with ``proportional``) of one whole command;
+    its stderr if it fails."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    meter = PeakTreeRSS(proc.pid)
+    meter = PeakTreeRSS(proc.pid, proportional=proportional)
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
     peak = meter.stop()
@@ -121,12 +125,14 @@ def run_metered(cmd: list[str]) -> tuple[str, float, int]:
     return stdout, wall, peak
 
 
-def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool = False) -> dict:
+def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool = False, *,
+             proportional: bool = False) -> dict:
+    """One whole tokenize command; with ``proportional`` its peak memory is PSS (and its time is not comparable)."""
     out = scratch / f"out-{backend}"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [str(BIN / "tokenshards"), "tokenize", "--input", str(corpus), "--out", str(out), "--workers", str(workers),
            "--backend", backend, "--progress", "none", "--dashboard-address", ":0"]
-    stdout, wall, peak = run_metered(cmd)
+    stdout, wall, peak = run_metered(cmd, proportional=proportional)
     tokens = int(re.search(r"([\d,]+) tokens", stdout).group(1).replace(",", ""))
     phase = float(re.search(r"tokenizing phase ([\d.]+) s", stdout).group(1))
     if not keep:
@@ -308,10 +314,13 @@ def main() -> None:
             small_peak = median(runs[f"ours_{default}"], "peak_rss_bytes")
             if not a.skip_export:  # the smaller run moves aside for the export targets; the larger one is kept too
                 Path(runs[f"ours_{default}"][-1]["out"]).rename(scratch / "export-small-run")
+            # Untimed: the same two runs with the tree's PSS (shared pages split, not counted per process).
+            pss = [run_ours(c, a.workers, default, scratch, proportional=True)["peak_rss_bytes"] for c in (corpus, big)]
             big_run = run_ours(big, a.workers, default, scratch, keep=not a.skip_export)
             big_peak = big_run["peak_rss_bytes"]
             memory = {"backend": default, "corpus_mb": [a.mb, a.mb * a.memory_scale],
                       "peak_rss_bytes": [small_peak, big_peak], "growth": big_peak / small_peak,
+                      "peak_pss_bytes": pss, "pss_growth": pss[1] / pss[0],
                       "larger_corpus_run": big_run,
                       # The fast ceilings again on the same larger corpus (their rate depends on the text).
                       "larger_corpus_fast_ceilings": {
@@ -371,6 +380,8 @@ def main() -> None:
             print(f"    vs the fast ceiling of {f} there: whole command {big_run['tokens_per_s'] / run['tokens_per_s']:.2f}, "
                   f"tokenizing phase {big_run['phase_tokens_per_s'] / run['tokens_per_s']:.2f}")
         print(f"peak RSS (--backend {default}) at {a.mb:g} MB vs {a.mb * a.memory_scale:g} MB of text: x{memory['growth']:.2f}")
+        print(f"peak PSS (shared pages split among processes; untimed runs): {memory['peak_pss_bytes'][0] / 1e6:.0f} MB vs "
+              f"{memory['peak_pss_bytes'][1] / 1e6:.0f} MB, x{memory['pss_growth']:.2f}")
     if export:
         print_export(export)
     print(f"written to {a.out}")
