@@ -374,6 +374,17 @@ def test_a_prebuilt_encoder_serves_only_its_own_fingerprint_and_backend(monkeypa
     assert prebuilt.ask("f" * 64, "auto") is None  # only the process that requested a prebuild asks
 
 
+def test_forkserver_lets_workers_reuse_freed_memory_unless_dask_config_says_otherwise():
+    """Dask's default trim threshold would make glibc mmap and unmap every partition-sized array."""
+    from tokenshards.cluster.prestart import worker_environment
+
+    dask_default = {"MALLOC_TRIM_THRESHOLD_": 65536, "OMP_NUM_THREADS": 1}
+    assert worker_environment(dask_default) == {"MALLOC_TRIM_THRESHOLD_": str(32 * 2**20),
+                                                "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "OMP_NUM_THREADS": "1"}
+    assert worker_environment({"MALLOC_TRIM_THRESHOLD_": 0, "OMP_NUM_THREADS": 4}) == {
+        "MALLOC_TRIM_THRESHOLD_": "0", "OMP_NUM_THREADS": "4"}
+
+
 def test_default_local_cluster_has_a_worker_per_core():
     """No --workers, --scheduler or --cluster: what `make tokenize` runs on."""
     import os
