@@ -379,8 +379,8 @@ def test_forkserver_lets_workers_reuse_freed_memory_unless_dask_config_says_othe
     from tokenshards.cluster.prestart import worker_environment
 
     dask_default = {"MALLOC_TRIM_THRESHOLD_": 65536, "OMP_NUM_THREADS": 1}
-    assert worker_environment(dask_default) == {"MALLOC_TRIM_THRESHOLD_": str(32 * 2**20),
-                                                "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "OMP_NUM_THREADS": "1"}
+    assert worker_environment(dask_default) == {"MALLOC_TRIM_THRESHOLD_": str(16 * 2**20),
+                                                "MALLOC_MMAP_THRESHOLD_": str(16 * 2**20), "OMP_NUM_THREADS": "1"}
     assert worker_environment({"MALLOC_TRIM_THRESHOLD_": 0, "OMP_NUM_THREADS": 4}) == {
         "MALLOC_TRIM_THRESHOLD_": "0", "OMP_NUM_THREADS": "4"}
 
