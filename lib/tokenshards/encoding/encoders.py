@@ -149,10 +149,9 @@ def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: No
         known = ", ".join(sorted(constructors))
         raise UserError(f"unknown encoding {name!r}: expected one of {known}")
     pinned = constructors[name].__module__ == "tiktoken_ext.openai_public"
-    params = _read_parsed(name) if pinned else None
-    if params is not None:
-        return LoadedEncoding(encoding=tiktoken.Encoding(**params), params=params,
-                              source="tokenshards' parsed copy of tiktoken's hash-pinned ranks")
+    kept = _kept_parsed(name) if pinned else None
+    if kept is not None:
+        return kept
     try:
         params = constructors[name]()
         source = "tiktoken"
@@ -172,6 +171,26 @@ def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: No
     if pinned:
         _write_parsed(name, params)
     return LoadedEncoding(encoding=tiktoken.Encoding(**params), params=params, source=source)
+
+
+def load_offline(name: str) -> LoadedEncoding | None:
+    """``load_encoding`` where it needs neither the network nor a remote store (a local trained
+    vocabulary, or one of tiktoken's encodings kept parsed by an earlier run), else None: for
+    a process that must never wait on a download (the workers' forkserver)."""
+    if name.endswith(".tiktoken"):
+        if "://" in name or not os.path.exists(name):
+            return None
+        encoding, params = load_trained(name)
+        return LoadedEncoding(encoding=encoding, params=params, source=f"trained vocabulary {name}")
+    return _kept_parsed(name)
+
+
+def _kept_parsed(name: str) -> LoadedEncoding | None:
+    params = _read_parsed(name)
+    if params is None:
+        return None
+    return LoadedEncoding(encoding=tiktoken.Encoding(**params), params=params,
+                          source="tokenshards' parsed copy of tiktoken's hash-pinned ranks")
 
 
 def _parsed_path(name: str) -> Path:

@@ -57,10 +57,11 @@ def build_requested() -> None:
     share with the server. Never raises: whatever fails here, the workers build their own."""
     global _prebuilt
     from .backends import Choice, build_backend, choose
+    from .encoders import load_offline
 
     try:
         name, requested = json.loads(os.environ[ENVIRONMENT])
-        loaded = _cached_encoding(name)
+        loaded = load_offline(name)
         if loaded is not None:
             choice = choose(requested, loaded.encoding, loaded.params)
             backend = build_backend(choice.name, loaded.encoding, loaded.params, verified=choice.verified)
@@ -69,24 +70,6 @@ def build_requested() -> None:
     except Exception:  # noqa: BLE001  (a UserError included: the client raises it itself, in one line)
         _prebuilt = None
     gc.freeze()
-
-
-def _cached_encoding(name: str):
-    """The encoding if it loads without the network (tiktoken's pinned encodings kept parsed, or
-    a local trained vocabulary), else None: the server must never wait on a download."""
-    import tiktoken
-
-    from .encoders import LoadedEncoding, _read_parsed
-
-    if name.endswith(".tiktoken"):
-        if "://" in name or not os.path.exists(name):
-            return None
-        from .ranks import load_trained
-
-        encoding, params = load_trained(name)
-        return LoadedEncoding(encoding=encoding, params=params, source=name)
-    params = _read_parsed(name)
-    return None if params is None else LoadedEncoding(encoding=tiktoken.Encoding(**params), params=params, source="")
 
 
 def for_worker(fingerprint: str, backend: str) -> tuple[tiktoken.Encoding, Backend] | None:
