@@ -37,7 +37,8 @@ SPOT_CHECK_CHARS = 16_384
 tiktoken and compared, up to this many characters (bytes, for Arrow input) in all: a fast backend
 that disagrees fails the job instead of writing wrong ids. Bounded in text, not a share of
 documents, because tiktoken runs at a tenth of gigatoken's speed: checking 1% of an 8 MB partition
-cost ~10% of its time; 16 K characters cost ~1-3% and still reach a few documents of every partition."""
+cost ~10% of its time; 16 K characters cost ~1-5% (5% of a gigatoken task, sampled with py-spy)
+and still reach a few documents of every partition."""
 
 
 class Backend(Protocol):
