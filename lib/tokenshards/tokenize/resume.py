@@ -133,8 +133,14 @@ def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, ur
         old = read_json(fs, path)
         if not any("identity" in i for i in old.get("inputs", [])):
             identity = _without_file_identities(identity)  # recorded by a version that kept no file identities
-        elif identity_like is not None:
-            identity = _in_terms_of(old, identity, identity_like)
+        elif identity_like is not None and old != identity:
+            restated = _in_terms_of(old, identity, identity_like)
+            if restated == old:
+                # The same files, recorded from now on as this version sees them (etag, not mtime), so
+                # that one huggingface_hub fetches again (same etag, new mtime) still resumes.
+                write_json(fs, path, identity)
+                return
+            identity = restated
         if old != identity:
             raise OutputConflict(f"{url} already holds a different run ({describe_conflict(old, identity)}); "
                                  "use another --out, or pass --overwrite to replace it")
