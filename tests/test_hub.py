@@ -425,16 +425,17 @@ def test_an_out_an_earlier_version_made_from_a_download_folder_still_verifies_an
 
 def test_a_download_folder_file_edited_since_is_seen_as_changed_and_fetched_again(server, tokenize, cluster, tmp_path):
     """A folder's file edited in place (same size): a run reading it stops naming it, verify --deep
-    reports it, and the next run has huggingface_hub fetch it again and redoes no partition."""
+    reports it, and the next run has huggingface_hub fetch it again and redoes no partition; so
+    does a rerun with HF_HUB_OFFLINE=1, which asks the Hub nothing."""
     ds = _dataset(server, tmp_path, download_dir=str(tmp_path / "dl"))
-    summary, out = tokenize([], hub=ds, partition_bytes=300)
+    summary, out = tokenize([], hub=ds)
     name = "sample/10BT/001_00000.parquet"
 
     def edit_once_planned(msg: str) -> None:
         if "partitions" in msg and "input files" in msg:  # planned: the tasks start next
             _edit_in_place(tmp_path / "dl", name)
 
-    config = TokenizeConfig(inputs=(), out=str(tmp_path / "b"), hub=ds, partition_bytes=300, scheduler=cluster.scheduler_address,
+    config = TokenizeConfig(inputs=(), out=str(tmp_path / "b"), hub=ds, scheduler=cluster.scheduler_address,
                             progress="none", retries=0)
     with pytest.raises(UserError, match=r"^\S+/dl/sample/10BT/001_00000\.parquet changed since this run planned it "
                                         r"\(blob \w+ → None, mtime_ns None → \d+\); stopped before partition \d+ mixed "
@@ -445,10 +446,18 @@ def test_a_download_folder_file_edited_since_is_seen_as_changed_and_fetched_agai
     assert report.problems and all(f"input changed since the run ({tmp_path / 'dl' / name}: blob " in p
                                    for p in report.problems), report.problems
     n = len(server.downloads())
-    again, _ = tokenize([], hub=ds, partition_bytes=300)
+    again, _ = tokenize([], hub=ds)
     assert [r.path.rsplit("/", 1)[1] for r in server.downloads()[n:]] == ["001_00000.parquet"]
     assert again.skipped_partitions == again.partitions == summary.partitions
     assert (tmp_path / "dl" / name).read_bytes() == (server.root / name).read_bytes()
+
+    n = len(server.requests)
+    proc = subprocess.run([TOKENSHARDS, "tokenize", "--dataset", REPO, "--size", "10B", "--download-dir", str(tmp_path / "dl"),
+                           "--out", str(out), "--scheduler", cluster.scheduler_address, "--progress", "none"],
+                          env=_env(tmp_path, None, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"({summary.partitions} already committed)" in proc.stdout
+    assert len(server.requests) == n
 
 
 def _set_mtime(path: Path, seconds: float) -> None:
