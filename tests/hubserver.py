@@ -12,7 +12,8 @@ It answers the requests huggingface_hub 2.x makes (read from its source, not gue
   ``X-Linked-Size``/``X-Linked-Etag`` for LFS files, and ``Range`` requests (206).
 
 Faults for tests: ``fail(...)`` answers matching requests with a status (429, 500...) a number of
-times; ``drop(...)`` sends headers and only part of a body, then closes the connection. Speed:
+times; ``drop(...)`` sends headers and only part of a body, then closes the connection; ``hold(...)``
+keeps a file's download waiting until the test lets it go. Speed:
 ``rate`` caps each response's body, ``link_rate`` all of them together (one link, shared by
 every connection, as a machine's network is). Every request is logged in ``requests`` so tests
 can assert what the client fetched.
@@ -78,6 +79,7 @@ class HubServer:
         self._link_free = 0.0
         self.requests: list[Logged] = []
         self._faults: list[Fault] = []
+        self._holds: list[tuple[re.Pattern, threading.Event, float]] = []
         self._lock = threading.Lock()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -122,6 +124,21 @@ class HubServer:
         """For the next ``times`` matching GETs, send the headers and ``after_bytes`` of the body, then hang up."""
         with self._lock:
             self._faults.append(Fault(re.compile(path_regex), "GET", times, drop_after=after_bytes))
+
+    def hold(self, path_regex: str, *, timeout: float = 60.0) -> threading.Event:
+        """Keep downloads of matching paths (GETs to a file's end; HEADs and footer reads pass)
+        waiting until the returned event is set, or ``timeout`` seconds (a test that fails must
+        not hang): a file that stays missing while the test looks at what the client does."""
+        released = threading.Event()
+        with self._lock:
+            self._holds.append((re.compile(path_regex), released, timeout))
+        return released
+
+    def _wait_if_held(self, path: str) -> None:
+        with self._lock:
+            holds = [(event, timeout) for pattern, event, timeout in self._holds if pattern.search(path)]
+        for event, timeout in holds:
+            event.wait(timeout)
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -319,6 +336,8 @@ class _Handler(BaseHTTPRequestHandler):
             status = 206
             headers["Content-Range"] = f"bytes {first}-{first + len(body) - 1}/{len(data)}"
         headers["Content-Length"] = str(len(body))
+        if not head and not _closed_range(wanted):
+            hub._wait_if_held(file)
         if (hub.rate or hub.link_rate) and not head:
             self._trickle(status, body, headers)
             return

@@ -10,9 +10,11 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,9 +25,14 @@ import pytest
 from conftest import write_parquet
 from hubserver import HubServer
 from readback import expected_tokens, read_documents
-from tokenshards.storage import hub
 from tokenshards.errors import UserError
+from tokenshards.format.v1 import JOB_FILE
+from tokenshards.storage import hub, store
 from tokenshards.storage.hub import HubDataset
+from tokenshards.storage.store import filesystem
+from tokenshards.tokenize.config import TokenizeConfig
+from tokenshards.tokenize.job import run_tokenize
+from tokenshards.verify.job import VerifyConfig, run_verify
 
 REPO = "HuggingFaceFW/fineweb"
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
@@ -303,23 +310,52 @@ def test_full_run_downloads_each_file_once_and_matches_tiktoken(server, tokenize
     assert again.skipped_partitions == again.partitions == summary.partitions
 
 
-def test_tokenizing_while_downloading_writes_the_bytes_a_download_first_run_writes(server, tokenize, tmp_path):
-    """Footers from the Hub, partitions started as each file arrives: the same job identity, plan,
-    part files, done records and manifest as when every file was downloaded before planning."""
-    first = dataclasses.replace(_dataset(server, tmp_path), cache_dir=str(tmp_path / "first"))
+@pytest.mark.parametrize("into", ["cache", "download_dir"])
+def test_tokenizing_while_downloading_writes_the_bytes_a_download_first_run_writes(server, tokenize, tmp_path, into):
+    """Footers from the Hub, partitions started as each file arrives (the last one is held back
+    until a partition committed): the same job identity, plan, part files, done records and
+    manifest as when every file was downloaded before planning, into the HF cache or a folder."""
+    def dataset(folder: str) -> HubDataset:
+        return dataclasses.replace(_dataset(server, tmp_path), **{"cache_dir" if into == "cache" else "download_dir":
+                                                                   str(tmp_path / folder)})
+
+    first = dataset("first")
     hub.download(first, hub.list_files(first), announce=lambda m: None)  # then the run plans from local files
     n = len(server.requests)
     tokenize([], out=tmp_path / "a", hub=first, partition_bytes=300)
     assert not [r for r in server.requests[n:] if "/resolve/" in r.path]
-    tokenize([], out=tmp_path / "b", hub=dataclasses.replace(first, cache_dir=str(tmp_path / "second")),
-             partition_bytes=300)
+    last = "sample/10BT/002_00000.parquet"
+    before = len(server.downloads(last))
+    seen = _when_a_partition_commits(tmp_path / "b", server.hold(re.escape(last)), lambda: (
+        len(server.downloads(last)) - before, list((tmp_path / "second").rglob(Path(last).name))))
+    tokenize([], out=tmp_path / "b", hub=dataset("second"), partition_bytes=300)
+    assert seen == [(True, (0, []))]  # a partition was committed while the last file was still missing
     assert len(server.downloads()) == 2 * 3 and len(server.partial_reads()) == 3  # each run fetched each file once
     a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
     assert sorted(a) == sorted(b) and len(a) > 8
-    # Only the cache folder differs, and the job hash, which hashes the job identity holding it.
+    # Only the download folder differs, and the job hash, which hashes the job identity holding it.
     jobs = [json.loads(t["manifest.json"])["job"].encode() for t in (a, b)]
     for name in a:
         assert a[name].replace(b"/first/", b"/second/").replace(*jobs) == b[name], name
+    # Both runs knew each file by the etag the Hub listed, before it was downloaded or after.
+    assert [i["identity"] for i in json.loads(b["manifest.json"])["inputs"]] == \
+        [{"size": p.stat().st_size, "blob": server.etag(p.relative_to(server.root).as_posix())} for p in _served(server.root)]
+
+
+def _when_a_partition_commits(out: Path, release: threading.Event, look) -> list:
+    """On a thread: once OUT holds a done record (or after 60 s), note whether it does and
+    ``look()``, then ``release``."""
+    seen = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while not (committed := bool(list(out.glob("parts/part-*.done.json")))) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append((committed, look()))
+        release.set()
+
+    threading.Thread(target=watch, name="test-watch", daemon=True).start()
+    return seen
 
 
 def test_a_download_failing_while_tokenizing_stops_the_run_and_the_rerun_resumes(server, tokenize, tmp_path, gpt2):
@@ -337,6 +373,118 @@ def test_a_download_failing_while_tokenizing_stops_the_run_and_the_rerun_resumes
     again = [r.path for r in server.downloads()]
     assert len(again) == 3 and set(again[:2]) == fetched_first  # the rerun fetched only the missing file
     assert summary.partitions > 3
+
+
+def test_a_download_folder_file_is_known_by_the_etag_huggingface_hub_vouches_for(server, tmp_path):
+    """``store.vouched_etag`` reads huggingface_hub's download records by its own reader's rule: the
+    etag while the file's mtime is at most 1 s past the record, none after (then the mtime). A file
+    no record vouches for is not present, and huggingface_hub checks it again and records it."""
+    from huggingface_hub._local_folder import read_download_metadata
+
+    ds = _dataset(server, tmp_path, download_dir=str(tmp_path / "dl"))
+    listing = hub.list_files(ds)
+    hub.download(ds, listing, announce=lambda m: None)
+    f = listing.files[0]
+    path = hub.local_path(ds, listing, f)
+    fs, local = filesystem(str(path))
+    assert store.vouched_etag(str(path)) == read_download_metadata(tmp_path / "dl", f.path).etag == f.etag
+    assert store.file_identity(fs, local) == hub.downloaded_identity(f) and hub.is_present(ds, listing, f)
+    record = tmp_path / "dl/.cache/huggingface/download" / f"{f.path}.metadata"
+    commit, etag, _ = record.read_text().splitlines()
+    stamp = time.time() - 10
+    record.write_text(f"{commit}\n{etag}\n{stamp}\n")  # as if downloaded 10 s ago: the mtimes below are past
+    for later, trusted in ((0.5, True), (1.5, False)):
+        _set_mtime(path, stamp + later)
+        assert (read_download_metadata(tmp_path / "dl", f.path) is not None) == trusted
+        assert store.vouched_etag(str(path)) == (f.etag if trusted else None)
+    st = path.stat()
+    assert store.file_identity(fs, local) == (("size", f.size), ("mtime_ns", st.st_mtime_ns))
+    assert not hub.is_present(ds, listing, f)
+    n = len(server.downloads())
+    hub.download(ds, listing, announce=lambda m: None)  # huggingface_hub hashes it: the same bytes, recorded again
+    assert len(server.downloads()) == n and hub.is_present(ds, listing, f)
+
+
+def test_an_out_an_earlier_version_made_from_a_download_folder_still_verifies_and_resumes(server, tokenize, cluster,
+                                                                                         tmp_path):
+    """Versions before download records were trusted knew a download folder's files by mtime (in the
+    job file and the manifest): such an OUT still verifies and resumes, and is re-claimed by etag."""
+    ds = _dataset(server, tmp_path, download_dir=str(tmp_path / "dl"))
+    summary, out = tokenize([], hub=ds, partition_bytes=300)
+    for name in (JOB_FILE, "manifest.json"):
+        _as_recorded_by_mtime(out / name)
+    report = run_verify(VerifyConfig(out=str(out), deep=10_000, scheduler=cluster.scheduler_address),
+                        announce=lambda m: None)
+    assert report.ok and report.compared > 0, report.problems
+    n = len(server.requests)
+    again, _ = tokenize([], hub=ds, partition_bytes=300)
+    assert not [r for r in server.requests[n:] if "/resolve/" in r.path]
+    assert again.skipped_partitions == again.partitions == summary.partitions
+    assert all("blob" in i["identity"] for i in json.loads((out / JOB_FILE).read_text())["inputs"])
+
+
+def test_a_download_folder_file_edited_since_is_seen_as_changed_and_fetched_again(server, tokenize, cluster, tmp_path):
+    """A folder's file edited in place (same size): a run reading it stops naming it, verify --deep
+    reports it, and the next run has huggingface_hub fetch it again and redoes no partition; so
+    does a rerun with HF_HUB_OFFLINE=1, which asks the Hub nothing."""
+    ds = _dataset(server, tmp_path, download_dir=str(tmp_path / "dl"))
+    summary, out = tokenize([], hub=ds)
+    name = "sample/10BT/001_00000.parquet"
+
+    def edit_once_planned(msg: str) -> None:
+        if "partitions" in msg and "input files" in msg:  # planned: the tasks start next
+            _edit_in_place(tmp_path / "dl", name)
+
+    config = TokenizeConfig(inputs=(), out=str(tmp_path / "b"), hub=ds, scheduler=cluster.scheduler_address,
+                            progress="none", retries=0)
+    with pytest.raises(UserError, match=r"^\S+/dl/sample/10BT/001_00000\.parquet changed since this run planned it "
+                                        r"\(blob \w+ → None, mtime_ns None → \d+\); stopped before partition \d+ mixed "
+                                        r"old and new content; rerun once the input is final$"):
+        run_tokenize(config, announce=edit_once_planned)
+    report = run_verify(VerifyConfig(out=str(out), deep=10_000, scheduler=cluster.scheduler_address),
+                        announce=lambda m: None)
+    assert report.problems and all(f"input changed since the run ({tmp_path / 'dl' / name}: blob " in p
+                                   for p in report.problems), report.problems
+    n = len(server.downloads())
+    again, _ = tokenize([], hub=ds)
+    assert [r.path.rsplit("/", 1)[1] for r in server.downloads()[n:]] == ["001_00000.parquet"]
+    assert again.skipped_partitions == again.partitions == summary.partitions
+    assert (tmp_path / "dl" / name).read_bytes() == (server.root / name).read_bytes()
+
+    n = len(server.requests)
+    proc = subprocess.run([TOKENSHARDS, "tokenize", "--dataset", REPO, "--size", "10B", "--download-dir", str(tmp_path / "dl"),
+                           "--out", str(out), "--scheduler", cluster.scheduler_address, "--progress", "none"],
+                          env=_env(tmp_path, None, HF_HUB_OFFLINE="1"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"({summary.partitions} already committed)" in proc.stdout
+    assert len(server.requests) == n
+
+
+def _set_mtime(path: Path, seconds: float) -> None:
+    ns = int(seconds * 1e9)
+    os.utime(path, ns=(ns, ns))
+
+
+def _edit_in_place(folder: Path, name: str) -> None:
+    """Overwrite a few bytes of ``folder/name`` (same size) as an edit 2 s after huggingface_hub
+    recorded its download would: it trusts the record up to 1 s past it."""
+    from huggingface_hub._local_folder import read_download_metadata
+
+    stamp = read_download_metadata(folder, name).timestamp
+    path = folder / name
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        f.write(b"EDIT")
+    _set_mtime(path, stamp + 2)
+
+
+def _as_recorded_by_mtime(path: Path) -> None:
+    """A job file or manifest rewritten as versions before download records were trusted wrote it."""
+    record = json.loads(path.read_text())
+    for i in record["inputs"]:
+        st = os.stat(i["path"])
+        i["identity"] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    path.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def _tree(root: Path) -> dict[str, bytes]:

@@ -12,7 +12,8 @@ repo info).
 Two ways to fetch (``fetch``):
 
 - ``client`` (default): this process downloads every file once into the HF cache or
-  ``download_dir`` (a shared filesystem on a cluster), then workers read local paths.
+  ``download_dir`` (a shared filesystem on a cluster), and workers read local paths (as each
+  file is whole, when tokenizing overlaps the download: ``Fetcher``).
 - ``workers``: inputs stay Hub references (``hfcache://datasets/REPO@COMMIT/PATH``); each worker
   downloads the files its tasks read into its own machine's cache (once per machine: the
   per-blob lock), through the fsspec filesystem that ``HubFetchPlugin`` registers.
@@ -51,6 +52,7 @@ from ..errors import UserError
 from .hubspec import FETCH_MODES, SAMPLE_DIR, HubDataset, folder_size, size_folder  # noqa: F401 (this module's API too)
 from ..cluster.progress import human
 from .sources import Source
+from .store import vouched_etag
 
 PROTOCOL = "hfcache"
 _TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
@@ -221,9 +223,15 @@ def local_path(ds: HubDataset, listing: HubListing, f: HubFile) -> Path:
 
 
 def is_present(ds: HubDataset, listing: HubListing, f: HubFile) -> bool:
-    """Downloaded whole, with the listed size (a partial download is never at this path)."""
+    """Downloaded whole, with the listed size (a partial download is never at this path). In a
+    download folder also vouched for by huggingface_hub's record, with the listed etag (offline
+    listings have none): a file it would not fetch again, whose identity is ``downloaded_identity``.
+    One not vouched for (edited since, or downloaded without a record) goes to huggingface_hub,
+    which checks its hash or fetches it again, and records it."""
     p = local_path(ds, listing, f)
-    return p.is_file() and p.stat().st_size == f.size
+    if not (p.is_file() and p.stat().st_size == f.size):
+        return False
+    return not (ds.download_dir and f.etag) or vouched_etag(str(p)) == f.etag
 
 
 def download(ds: HubDataset, listing: HubListing, *, announce: Callable[[str], None] = print) -> list[Source]:
@@ -438,9 +446,10 @@ FOOTER_TAIL = 64 * 2**10
 footer read size); a larger footer costs one more request."""
 
 
-def cached_identity(f: HubFile) -> tuple[tuple[str, object], ...]:
-    """``store.file_identity`` of ``f`` once it is in the HF cache, known from the listing: the
-    cache names a blob by the etag the Hub sends (the listed LFS sha256, else the git blob id)."""
+def downloaded_identity(f: HubFile) -> tuple[tuple[str, object], ...]:
+    """``store.file_identity`` of ``f`` once downloaded, known from the listing: the HF cache names
+    a blob by the etag the Hub sends (the listed LFS sha256, else the git blob id), and a download
+    folder's record holds that etag (``store.vouched_etag``)."""
     return (("size", f.size), ("blob", f.etag))
 
 

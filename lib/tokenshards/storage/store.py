@@ -116,21 +116,82 @@ IDENTITY_KEYS = ("ETag", "VersionId", "generation", "md5Hash", "etag", "version_
 
 def file_identity(fs: fsspec.AbstractFileSystem, path: str) -> tuple[tuple[str, object], ...]:
     """What tells this version of a file from a replacement: its size plus what the store offers
-    (local: mtime in ns; S3: ETag and version id; a Hugging Face cache blob: its content-hash name).
-    A tuple of pairs, so the frozen plan objects holding it stay hashable."""
+    (local: mtime in ns; S3: ETag and version id; a Hugging Face cache blob: its content-hash name;
+    a file huggingface_hub downloaded into a folder: the etag its record vouches for).
+    A tuple of pairs, so the frozen plan objects holding it stay hashable.
+
+    The Hub's two kinds are ("size", "blob") alike and known from the Hub's listing, before the
+    file is here: a run can plan a file while it downloads and find that identity once it lands."""
     if is_local(fs):
         st = os.stat(path)
         real = os.path.realpath(path)
         if os.path.basename(os.path.dirname(real)) == "blobs":
             # huggingface_hub names cache blobs by their hash: a re-download is the same file.
             return (("size", st.st_size), ("blob", os.path.basename(real)))
-        return (("size", st.st_size), ("mtime_ns", st.st_mtime_ns))
+        etag = vouched_etag(path, st)
+        if etag is not None:
+            return (("size", st.st_size), ("blob", etag))
+        return _stat_identity(st)
     info = fs.info(path)
     found = [("size", info.get("size"))]
     found += [(k, str(info[k])) for k in IDENTITY_KEYS if info.get(k) not in (None, "")]
     if any(k in ("ETag", "etag", "VersionId", "generation", "md5Hash") for k, _ in found):
         found = [(k, v) for k, v in found if k not in ("LastModified", "last_modified", "mtime")]
     return tuple(found)
+
+
+def file_identity_like(fs: fsspec.AbstractFileSystem, path: str, recorded) -> tuple[tuple[str, object], ...]:
+    """``file_identity`` in the terms ``recorded`` used: a local file recorded by its mtime is
+    described by its mtime again even when a download record vouches for it now (runs made before
+    such records were trusted recorded mtimes, and a record written since changes no byte)."""
+    now = file_identity(fs, path)
+    if is_local(fs) and "mtime_ns" in dict(recorded) and "mtime_ns" not in dict(now):
+        return _stat_identity(os.stat(path))
+    return now
+
+
+def _stat_identity(st: os.stat_result) -> tuple[tuple[str, object], ...]:
+    return (("size", st.st_size), ("mtime_ns", st.st_mtime_ns))
+
+
+HF_DOWNLOAD_RECORDS = (".cache", "huggingface", "download")
+"""Where huggingface_hub keeps, in a ``local_dir`` it downloads into, one record per file:
+``DIR/.cache/huggingface/download/<path in DIR>.metadata`` (commit, etag, timestamp lines)."""
+
+
+def vouched_etag(path: str, st: os.stat_result | None = None) -> str | None:
+    """The etag in huggingface_hub's record of downloading ``path`` into a folder, if the record
+    still vouches for the file; else None (no record, or the file was written after it).
+
+    The rule is huggingface_hub's own (``_local_folder.read_download_metadata``): the record holds
+    while the file's mtime is at most 1 s past the record's timestamp. It must be that rule and no
+    stricter: huggingface_hub never re-fetches or re-records a file it trusts, so a file distrusted
+    only here would stay distrusted. Read here, not through that function: it takes a lock by
+    creating a file beside the record (failing on a read-only mount, waiting out a download in
+    progress), writes ``.gitignore``/``CACHEDIR.TAG`` and deletes a record it cannot parse, while
+    this runs on workers, for every partition, and must only read."""
+    record = _download_record(path)
+    if record is None:
+        return None
+    try:
+        with open(record, encoding="utf-8") as f:
+            _commit, etag, timestamp = (f.readline().strip() for _ in range(3))
+        stamped = float(timestamp)
+        st = st if st is not None else os.stat(path)
+    except (OSError, ValueError):
+        return None  # unreadable, or being rewritten this instant: vouches for nothing
+    return etag if etag and st.st_mtime - 1 <= stamped else None
+
+
+def _download_record(path: str) -> str | None:
+    """huggingface_hub's record of ``path``, trying each folder above it as the ``local_dir``."""
+    parts = os.path.abspath(path).split(os.sep)
+    for i in range(len(parts) - 1, 0, -1):
+        folder = os.sep.join(parts[:i]) or os.sep
+        record = os.path.join(folder, *HF_DOWNLOAD_RECORDS, *parts[i:]) + ".metadata"
+        if os.path.isfile(record):
+            return record
+    return None
 
 
 def describe_identity_change(old, new) -> str:

@@ -70,7 +70,8 @@ def locate(sources: list[Source], *, hub: HubDataset | None, announce: Callable[
            overlap: bool = False) -> Located:
     """List the Hub sample, and with ``--fetch client`` download it here (after the output and
     the encoding were checked: a typo must not cost a download). ``overlap``: start the download
-    in the background instead (into the HF cache only, see ``can_overlap``)."""
+    in the background instead; each file's identity once here is known from the listing
+    (``hub.downloaded_identity``), in the HF cache and in a download folder alike."""
     if hub is None:
         return Located(sources=sources)
     from ..storage import hub as hub_io  # huggingface_hub: imported only by runs that read the Hub
@@ -78,7 +79,7 @@ def locate(sources: list[Source], *, hub: HubDataset | None, announce: Callable[
     from huggingface_hub import constants
 
     listing = hub_io.list_files(hub)
-    if hub.fetch == "client" and overlap and can_overlap(hub):
+    if hub.fetch == "client" and overlap:
         todo = hub_io.prepare_download(hub, listing, announce=announce)  # the same disk check
         fetcher = None
         if todo:
@@ -90,13 +91,6 @@ def locate(sources: list[Source], *, hub: HubDataset | None, announce: Callable[
     if hub.fetch == "client":
         sources = sources + hub_io.download(hub, listing, announce=announce)
     return Located(sources=sources, hub=hub, listing=listing)
-
-
-def can_overlap(hub: HubDataset) -> bool:
-    """Into the HF cache, a file's identity (size, etag-named blob) is known before it is
-    downloaded; in a ``--download-dir`` it is the file's mtime, known only after, and the job
-    identity claimed before the first write holds it: such runs download first."""
-    return hub.download_dir is None
 
 
 def plan(client: Client, located: Located, *, text_column: str, id_column: str | None, storage_options: dict,
@@ -148,7 +142,8 @@ def _hub_footers(located: Located, remote: dict[str, object], *, text_column: st
     def one(item) -> InputFile | BadInput:
         url, f = item
         name = f.path
-        return footer_or_bad(url, name, lambda: (hub_io.cached_identity(f), hub_io.read_footer(located.hub, located.listing, f)),
+        return footer_or_bad(url, name,
+                             lambda: (hub_io.downloaded_identity(f), hub_io.read_footer(located.hub, located.listing, f)),
                              on_bad_file=on_bad_file, text_column=text_column, id_column=id_column)
 
     with ThreadPoolExecutor(max_workers=min(8, len(remote))) as pool:
@@ -168,13 +163,22 @@ def arrived(located: Located, *, announce: Callable[[str], None]) -> Iterator[st
         whole += 1
         url = str(hub_io.local_path(located.hub, located.listing, f))
         fs, path = filesystem(url, None)
-        now = file_identity(fs, path)
-        if now != hub_io.cached_identity(f):
+        now, want = file_identity(fs, path), hub_io.downloaded_identity(f)
+        if now != want:
             raise UserError(f"{url}: downloaded, but not the file the Hub listed "
-                            f"({describe_identity_change(hub_io.cached_identity(f), now)}); rerun")
+                            f"({describe_identity_change(want, now)}){_unvouched(now)}; rerun")
         yield url
     if whole == len(located.arriving):
         hub_io.remember_revision(located.hub, located.listing)
+
+
+def _unvouched(identity) -> str:
+    """Why a file just downloaded into a folder can lack its etag: huggingface_hub's record of
+    the download is older than the file by more than the 1 s it allows (``store.vouched_etag``)."""
+    if "mtime_ns" not in dict(identity):
+        return ""
+    return ("; huggingface_hub's record of the download does not vouch for it (the file is newer than the record: "
+            "written again since, or a filesystem clock ahead of this machine's)")
 
 
 def wait_for_downloads(located: Located | None, *, announce: Callable[[str], None]) -> None:

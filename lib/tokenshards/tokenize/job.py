@@ -27,7 +27,7 @@ from . import resume
 from ..cluster.progress import Progress, human
 from ..wording import counted
 from ..storage.lease import Lease
-from ..storage.store import abort_stale_uploads, ensure_writable, filesystem, join, storage_options
+from ..storage.store import abort_stale_uploads, ensure_writable, file_identity_like, filesystem, join, storage_options
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,7 +107,8 @@ def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encodi
             inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)} for f in files],
         )
         job = resume.identity_hash(identity)
-        resume.claim_output(out_fs, out_root, identity, url=config.out)
+        resume.claim_output(out_fs, out_root, identity, url=config.out,
+                            identity_like=lambda path, recorded: _identity_like(path, recorded, config))
         _clear_leftovers(out_fs, out_root)
         redo: list[str] = []
         committed = resume.committed_entries(out_fs, out_root, job=job, pieces=pieces, redo=redo)
@@ -146,6 +147,11 @@ def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encodi
     return Summary(out=config.out, partitions=len(pieces), skipped_partitions=len(committed), docs=totals["docs"],
                    tokens=totals["tokens"], skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
                    seconds=time.perf_counter() - t0, tokenize_seconds=max(finished - started, 0.0))
+
+
+def _identity_like(url: str, recorded: dict, config: TokenizeConfig) -> dict:
+    """An input's file identity now, in the terms an earlier run recorded it in (``claim_output``)."""
+    return dict(file_identity_like(*filesystem(url, config.storage_options), recorded))
 
 
 def _announce_invalid_rows(entries, *, announce: Callable[[str], None]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Callable
 
 import fsspec
 
@@ -121,13 +122,25 @@ def describe_conflict(old: dict, new: dict) -> str:
     return "; ".join(changes) or "nothing visible"
 
 
-def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, url: str) -> None:
-    """Record this job in OUT, or refuse when OUT already holds a different one."""
+def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, url: str,
+                 identity_like: Callable[[str, dict], dict] | None = None) -> None:
+    """Record this job in OUT, or refuse when OUT already holds a different one.
+
+    ``identity_like(path, recorded)``: an input's file identity now, in the terms ``recorded``
+    used (``store.file_identity_like``), for inputs the job file recorded in other terms."""
     path = join(root, JOB_FILE)
     if fs.exists(path):
         old = read_json(fs, path)
         if not any("identity" in i for i in old.get("inputs", [])):
             identity = _without_file_identities(identity)  # recorded by a version that kept no file identities
+        elif identity_like is not None and old != identity:
+            restated = _in_terms_of(old, identity, identity_like)
+            if restated == old:
+                # The same files, recorded from now on as this version sees them (etag, not mtime), so
+                # that one huggingface_hub fetches again (same etag, new mtime) still resumes.
+                write_json(fs, path, identity)
+                return
+            identity = restated
         if old != identity:
             raise OutputConflict(f"{url} already holds a different run ({describe_conflict(old, identity)}); "
                                  "use another --out, or pass --overwrite to replace it")
@@ -135,6 +148,24 @@ def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, ur
     if fs.exists(join(root, v1.MANIFEST)) or fs.glob(join(root, "parts", "part-*.done.json")):
         raise OutputConflict(f"{url} already holds output that is not this run's; use another --out, or pass --overwrite to replace it")
     write_json(fs, path, identity)
+
+
+def _in_terms_of(old: dict, identity: dict, identity_like: Callable[[str, dict], dict]) -> dict:
+    """``identity`` with each input's file identity restated in the terms the job file ``old``
+    recorded it in, where they differ: a file in a download folder that a version before
+    huggingface_hub's download records were trusted recorded by mtime, and this one by etag."""
+    recorded = {i.get("path"): i.get("identity") for i in old.get("inputs", []) if isinstance(i.get("identity"), dict)}
+
+    def restated(i: dict) -> dict:
+        before = recorded.get(i["path"])
+        if before is None or "identity" not in i or set(before) == set(i["identity"]):
+            return i
+        try:
+            return {**i, "identity": identity_like(i["path"], before)}
+        except FileNotFoundError:
+            return i  # not here (yet): it differs from the record, as the identity says
+
+    return {**identity, "inputs": [restated(i) for i in identity.get("inputs", [])]}
 
 
 def remove_run(fs: fsspec.AbstractFileSystem, root: str, *, url: str = "") -> None:

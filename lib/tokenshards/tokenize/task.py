@@ -22,7 +22,7 @@ from ..format.v1 import PartitionEntry
 from ..encoding.encoders import WorkerEncoder
 from ..errors import InputChanged, InputError
 from .plan import STRING_TYPES, Piece, without_skip_hint
-from ..storage.store import describe_identity_change, file_identity, filesystem, join, write_atomic
+from ..storage.store import describe_identity_change, file_identity_like, filesystem, join, write_atomic
 from .core import tokenize_column
 from .resume import done_record
 
@@ -121,7 +121,7 @@ def _check_unchanged(fs, path: str, piece: Piece) -> None:
     if not piece.identity:
         return
     try:
-        now = file_identity(fs, path)
+        now = file_identity_like(fs, path, piece.identity)
     except FileNotFoundError:
         now = ()
     if now != piece.identity:

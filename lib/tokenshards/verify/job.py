@@ -28,7 +28,7 @@ from ..cluster.options import RunOptions
 from ..encoding.encoders import EncoderPlugin, load_encoding
 from ..errors import UserError
 from ..wording import counted
-from ..storage.store import (describe_identity_change, file_identity, filesystem, is_local, join, read_json,
+from ..storage.store import (describe_identity_change, file_identity_like, filesystem, is_local, join, read_json,
                              storage_options)
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
@@ -181,7 +181,7 @@ def _input_change(url: str, recorded: dict | None, *, storage_options: dict) -> 
         return None
     fs, path = filesystem(url, storage_options)
     try:
-        now = file_identity(fs, path)
+        now = file_identity_like(fs, path, recorded)
     except FileNotFoundError:
         return "removed"
     if dict(now) == recorded:
