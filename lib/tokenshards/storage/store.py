@@ -144,10 +144,9 @@ def file_identity_like(fs: fsspec.AbstractFileSystem, path: str, recorded) -> tu
     """``file_identity`` in the terms ``recorded`` used: a local file recorded by its mtime is
     described by its mtime again even when a download record vouches for it now (runs made before
     such records were trusted recorded mtimes, and a record written since changes no byte)."""
-    now = file_identity(fs, path)
-    if is_local(fs) and "mtime_ns" in dict(recorded) and "mtime_ns" not in dict(now):
+    if is_local(fs) and "mtime_ns" in dict(recorded):
         return _stat_identity(os.stat(path))
-    return now
+    return file_identity(fs, path)
 
 
 def _stat_identity(st: os.stat_result) -> tuple[tuple[str, object], ...]:
