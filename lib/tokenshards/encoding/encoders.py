@@ -142,8 +142,7 @@ def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: No
     TIKTOKEN_CACHE_DIR), else the hash-checked copies that PyPI packages ship.
     A path or URL ending in ``.tiktoken`` is a vocabulary trained by ``train-bpe``."""
     if name.endswith(".tiktoken"):
-        encoding, params = load_trained(name)
-        return LoadedEncoding(encoding=encoding, params=params, source=f"trained vocabulary {name}")
+        return _loaded_trained(name)
     constructors = _constructors()
     if name not in constructors:
         known = ", ".join(sorted(constructors))
@@ -178,11 +177,13 @@ def load_offline(name: str) -> LoadedEncoding | None:
     vocabulary, or one of tiktoken's encodings kept parsed by an earlier run), else None: for
     a process that must never wait on a download (the workers' forkserver)."""
     if name.endswith(".tiktoken"):
-        if "://" in name or not os.path.exists(name):
-            return None
-        encoding, params = load_trained(name)
-        return LoadedEncoding(encoding=encoding, params=params, source=f"trained vocabulary {name}")
+        return _loaded_trained(name) if "://" not in name and os.path.exists(name) else None
     return _kept_parsed(name)
+
+
+def _loaded_trained(name: str) -> LoadedEncoding:
+    encoding, params = load_trained(name)
+    return LoadedEncoding(encoding=encoding, params=params, source=f"trained vocabulary {name}")
 
 
 def _kept_parsed(name: str) -> LoadedEncoding | None:
