@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from types import MappingProxyType
+from typing import Mapping
 
 from .interrupt import children_ignore_ctrl_c
 
@@ -38,7 +40,7 @@ def start_forkserver(*, prebuild: tuple[str, str] | None = None) -> bool:
         return False
     # What distributed sets for the workers it spawns (OMP_NUM_THREADS...), allocator settings
     # included: the forkserver must have them before its allocator and numpy read them.
-    os.environ.update(worker_environment(dask.config.get("distributed.nanny.pre-spawn-environ")))
+    os.environ.update(worker_environment(dask.config.get("distributed.nanny.pre-spawn-environ"), inherited=os.environ))
     if prebuild is not None:
         from ..encoding import prebuilt
 
@@ -58,17 +60,27 @@ REUSE_BYTES = str(16 * 2**20)
 8, 16 and 32 MiB ran equally fast on the bench corpus; each doubling kept a few MB more per worker."""
 
 
-def worker_environment(pre_spawn_environ: dict) -> dict[str, str]:
-    """Dask's ``pre-spawn-environ`` for the forkserver, with one change. Dask's default
+ARROW_MIMALLOC = {"MIMALLOC_PURGE_DELAY": "0", "MIMALLOC_ARENA_EAGER_COMMIT": "0"}
+"""Arrow reads through mimalloc (its default pool on Linux), which by default keeps freed pages 10 ms
+and commits memory a whole arena at a time. A worker frees a piece's buffers once per task, so
+with these the pages go back at once and only what is used is committed: summed RSS of the 200 MB
+bench tree 1,020 -> 987 MB, PSS 607 -> 596 MB, no measurable time (medians of 5, interleaved)."""
+
+
+def worker_environment(pre_spawn_environ: dict, *, inherited: Mapping[str, str] = MappingProxyType({})) -> dict[str, str]:
+    """Dask's ``pre-spawn-environ`` for the forkserver, with two changes. Dask's default
     MALLOC_TRIM_THRESHOLD_=65536 (hand freed memory back at once: long-lived workers whose
     unmanaged memory creeps) also pins glibc's mmap threshold at 128 KiB, so every array of a
     partition is mmapped, faulted in zeroed and unmapped again, task after task: 13-18% of a
     gigatoken worker's CPU, measured here. Our workers allocate the same sizes in every task, so
     glibc may keep up to 16 MiB free for reuse (~20 MB more per worker at peak, measured). A value
-    set in your Dask config is left as it is."""
+    set in your Dask config is left as it is. And Arrow's allocator gets ``ARROW_MIMALLOC``, each
+    unless ``inherited`` (this process's environment) or the Dask config already sets it."""
     environment = {k: str(v) for k, v in pre_spawn_environ.items()}
     if environment.get("MALLOC_TRIM_THRESHOLD_") == str(DASK_TRIM_THRESHOLD):
         environment.update(MALLOC_TRIM_THRESHOLD_=REUSE_BYTES, MALLOC_MMAP_THRESHOLD_=REUSE_BYTES)
+    for name, value in ARROW_MIMALLOC.items():
+        environment.setdefault(name, inherited.get(name, value))
     return environment
 
 
