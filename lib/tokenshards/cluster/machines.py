@@ -1,0 +1,200 @@
+"""Which machines the workers run on, and whether they see the client's local paths.
+
+A Dask cluster need not share a disk: a local ``--out`` on the client is a different folder on
+every worker machine, and a run that writes there ends "done" with its files scattered over
+disks the user never looks at. So before any work, every command that hands a local path to
+its workers asks one worker per other machine to read back what the client sees there (a
+probe file the client writes in an output folder, the size and mtime of input files), and
+stops in one line when a machine sees something else. Machines that share the client's view
+(a LocalCluster, workers started on the same machine) are skipped, so a one-machine run pays
+one ``client.run`` round trip and no task.
+
+A machine is more than its host name: containers often share one, and two of them on one
+kernel still have their own processes and mounts. ``process_space`` names where a pid means
+one process (the lease's "is its process gone?"), ``file_view`` where a path means one file.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from ..errors import UserError
+from ..storage.store import filesystem, is_local
+
+PROBE_PREFIX = ".tokenshards-view-probe-"
+PROBE_SAMPLE = 8
+"""Input files whose size and mtime each machine compares: the first, the last and some between."""
+PROBE_TIMEOUT = 60.0
+"""Seconds to wait for the probes: one tiny task per machine, queued behind nothing of ours."""
+
+
+@functools.lru_cache(maxsize=1)
+def _boot_id() -> str:
+    """This kernel's boot: two machines never share it; containers on one kernel do."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return f"node-{uuid.getnode():012x}"  # not Linux: the network card's address
+
+
+def _namespace(kind: str) -> str:
+    """The inode of this process's ``kind`` namespace (Linux), "" elsewhere."""
+    try:
+        return str(os.stat(f"/proc/self/ns/{kind}").st_ino)
+    except OSError:
+        return ""
+
+
+def process_space() -> str:
+    """Where a pid names one process: host name, kernel boot and PID namespace."""
+    return f"{socket.gethostname()}/{_boot_id()}/pid:{_namespace('pid')}"
+
+
+def file_view() -> str:
+    """Where a path names one file: kernel boot and mount namespace (the host name is for people)."""
+    return f"{_boot_id()}/mnt:{_namespace('mnt')}"
+
+
+def _whoami() -> tuple[str, str]:
+    return socket.gethostname(), file_view()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Machine:
+    name: str
+    """Its host name, for messages."""
+    view: str
+    worker: str
+    """One of its workers' addresses: where its probe runs."""
+
+
+def other_machines(client) -> list[Machine]:
+    """One entry per machine whose file view differs from this process's, with one worker each.
+    Empty on a LocalCluster and whenever every worker shares this machine's view."""
+    mine = file_view()
+    found: dict[str, Machine] = {}
+    for address, (name, view) in sorted(client.run(_whoami).items()):
+        if view != mine and view not in found:
+            found[view] = Machine(name=name, view=view, worker=address)
+    return list(found.values())
+
+
+# -- what is compared --
+
+@dataclass(frozen=True, kw_only=True)
+class PathUse:
+    """A local path a command hands to its workers, and what they do there."""
+
+    option: str
+    """How the user named it: ``--out``, ``--input``, ``RUN``..."""
+    url: str
+    writes: bool
+    """Workers write under it (a folder): checked with a probe file the client writes there."""
+    files: tuple[str, ...] = ()
+    """For reads: the files the workers will open (a sample is compared)."""
+
+
+def _stat(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, int(st.st_mtime)
+
+
+def _sample(files: Sequence[str]) -> list[str]:
+    if len(files) <= PROBE_SAMPLE:
+        return list(files)
+    step = (len(files) - 1) / (PROBE_SAMPLE - 1)
+    return [files[round(i * step)] for i in range(PROBE_SAMPLE)]
+
+
+def _read_probe(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _look(expected: dict[str, object]) -> list[str]:
+    """On a worker: the paths whose probe file or stat differs from what the client saw."""
+    differs = []
+    for path, want in expected.items():
+        seen = _read_probe(path) if isinstance(want, bytes) else _stat(path)
+        if seen != want:
+            differs.append(path)
+    return differs
+
+
+def local_uses(uses: Iterable[PathUse], storage_options: dict | None) -> list[PathUse]:
+    return [u for u in uses if is_local(filesystem(u.url, storage_options)[0])]
+
+
+def check_same_view(client, uses: Iterable[PathUse], *, storage_options: dict | None = None) -> None:
+    """Stop, in one line, when a worker machine sees something else than this one at a local
+    path the command hands to the workers. Costs one ``client.run`` and one task per other machine."""
+    uses = local_uses(uses, storage_options)
+    if not uses:
+        return
+    machines = other_machines(client)
+    if not machines:
+        return
+    expected: dict[str, object] = {}
+    probes: list[str] = []
+    owner: dict[str, PathUse] = {}
+    try:
+        for use in uses:
+            if use.writes:
+                path = os.path.join(os.path.abspath(use.url), f"{PROBE_PREFIX}{uuid.uuid4().hex}")
+                token = uuid.uuid4().bytes
+                _write_probe(path, token, use)
+                probes.append(path)
+                expected[path], owner[path] = token, use
+            for f in _sample([os.path.abspath(p) for p in use.files]):
+                expected[f], owner[f] = _stat(f), use
+        futures = [client.submit(_look, expected, workers=[m.worker], allow_other_workers=False, pure=False,
+                                 key=f"tokenshards-view-probe-{uuid.uuid4().hex}") for m in machines]
+        try:
+            results = client.gather(futures, direct=False) if futures else []
+        finally:
+            client.cancel(futures)
+    finally:
+        for p in probes:
+            try:
+                os.remove(p)
+            except OSError:
+                pass
+    blind: dict[PathUse, set[str]] = {}
+    for machine, differs in zip(machines, results):
+        for path in differs:
+            blind.setdefault(owner[path], set()).add(machine.name)
+    for use, names in blind.items():
+        raise UserError(_not_shared(use, sorted(names)))
+
+
+def _write_probe(path: str, token: bytes, use: PathUse) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(token)
+    except OSError as e:
+        raise UserError(f"cannot write to {use.option} {use.url}: {type(e).__name__}: {e.strerror or e}; "
+                        "choose another path or fix its permissions") from e
+
+
+def _not_shared(use: PathUse, machines: list[str]) -> str:
+    here = socket.gethostname()
+    hosts = ", ".join(machines[:5]) + (f" and {len(machines) - 5} more" if len(machines) > 5 else "")
+    if use.writes:
+        return (f"{use.option} {use.url} is a local path of this machine ({here}), and the workers on {hosts} see "
+                f"another folder there: what they write would land on their own disks, not in {here}'s {use.url}; "
+                "use s3://BUCKET/PREFIX, or a folder on a filesystem every machine mounts (NFS, a cluster's /scratch)")
+    return (f"{use.option} {use.url}: the workers on {hosts} do not see the files this machine ({here}) sees there; "
+            "put them on s3://BUCKET/PREFIX or on a filesystem every machine mounts "
+            "(Hub inputs: --fetch workers)")
