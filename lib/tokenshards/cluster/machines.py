@@ -22,6 +22,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from distributed import wait
+
 from ..errors import UserError
 from ..storage.store import filesystem, is_local
 
@@ -139,12 +141,18 @@ def local_uses(uses: Iterable[PathUse], storage_options: dict | None) -> list[Pa
 def check_same_view(client, uses: Iterable[PathUse], *, storage_options: dict | None = None) -> None:
     """Stop, in one line, when a worker machine sees something else than this one at a local
     path the command hands to the workers. Costs one ``client.run`` and one task per other machine."""
+    for use, names in blind_machines(client, uses, storage_options=storage_options).items():
+        raise UserError(_not_shared(use, names))
+
+
+def blind_machines(client, uses: Iterable[PathUse], *, storage_options: dict | None = None) -> dict[PathUse, list[str]]:
+    """Each local path that some worker machines see otherwise than this one → their host names."""
     uses = local_uses(uses, storage_options)
     if not uses:
-        return
+        return {}
     machines = other_machines(client)
     if not machines:
-        return
+        return {}
     expected: dict[str, object] = {}
     probes: list[str] = []
     owner: dict[str, PathUse] = {}
@@ -161,9 +169,12 @@ def check_same_view(client, uses: Iterable[PathUse], *, storage_options: dict | 
         futures = [client.submit(_look, expected, workers=[m.worker], allow_other_workers=False, pure=False,
                                  key=f"tokenshards-view-probe-{uuid.uuid4().hex}") for m in machines]
         try:
-            results = client.gather(futures, direct=False) if futures else []
-        finally:
+            wait(futures, timeout=PROBE_TIMEOUT)
+            results = client.gather(futures)
+        except TimeoutError as e:
             client.cancel(futures)
+            raise UserError(f"the workers on {', '.join(m.name for m in machines)} did not answer a check of the local "
+                            f"paths within {PROBE_TIMEOUT:.0f} s; are they busy with another job?") from e
     finally:
         for p in probes:
             try:
@@ -174,8 +185,7 @@ def check_same_view(client, uses: Iterable[PathUse], *, storage_options: dict | 
     for machine, differs in zip(machines, results):
         for path in differs:
             blind.setdefault(owner[path], set()).add(machine.name)
-    for use, names in blind.items():
-        raise UserError(_not_shared(use, sorted(names)))
+    return {use: sorted(names) for use, names in blind.items()}
 
 
 def _write_probe(path: str, token: bytes, use: PathUse) -> None:

@@ -12,7 +12,7 @@ import dask
 import dask.dataframe as dd
 from distributed import Client, performance_report
 
-from ..cluster import interrupt, runner
+from ..cluster import interrupt, machines, runner
 from ..format import v1 as manifest
 from ..format.v1 import PartitionEntry
 from .config import TokenizeConfig
@@ -82,16 +82,20 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
     located = corpus.locate(sources, hub=config.hub, announce=announce, overlap=True)
     try:
         return _run_located(config, located, loaded, encoding_notes, report, lease, out_fs, out_root,
-                            t0=t0, announce=announce)
+                            local_paths=_local_paths(config, sources), t0=t0, announce=announce)
     finally:
         located.stop()
 
 
 def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encoding_notes: list[str], report,
-                 lease: Lease, out_fs, out_root: str, *, t0: float, announce: Callable[[str], None]) -> Summary:
-    """The run once its inputs are located (some may still be downloading)."""
+                 lease: Lease, out_fs, out_root: str, *, local_paths: list[machines.PathUse], t0: float,
+                 announce: Callable[[str], None]) -> Summary:
+    """The run once its inputs are located (some may still be downloading). ``local_paths``: what
+    the workers must see as this machine does, checked first thing on the cluster."""
     spec = loaded.spec
     with runner.connect_to(config, announce=announce) as client, report:
+        # Before any work: workers on other machines must see the same --input files and --out folder.
+        machines.check_same_view(client, local_paths, storage_options=config.storage_options)
         # Local workers' forkserver verified the backend while this process started the cluster.
         choice = prebuilt.ask(loaded.fingerprint, config.backend) or choose(config.backend, loaded.encoding, loaded.params)
         backend = choice.name
@@ -147,6 +151,16 @@ def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encodi
     return Summary(out=config.out, partitions=len(pieces), skipped_partitions=len(committed), docs=totals["docs"],
                    tokens=totals["tokens"], skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
                    seconds=time.perf_counter() - t0, tokenize_seconds=max(finished - started, 0.0))
+
+
+def _local_paths(config: TokenizeConfig, sources: list) -> list[machines.PathUse]:
+    """--input files and the --out folder, as the same-view check takes them (it skips URLs)."""
+    local = [s.url for s in sources if s.url.startswith("/")]
+    named = config.inputs[0] if len(config.inputs) == 1 else (os.path.commonpath(local) if local else "")
+    uses = [machines.PathUse(option="--out", url=config.out, writes=True)]
+    if local:
+        uses.append(machines.PathUse(option="--input", url=named, writes=False, files=tuple(local)))
+    return uses
 
 
 def _identity_like(url: str, recorded: dict, config: TokenizeConfig) -> dict:
