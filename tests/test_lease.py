@@ -10,6 +10,7 @@ import time
 import pytest
 from s3server import s3  # noqa: F401  (a fixture)
 
+from tokenshards.cluster.machines import process_space
 from tokenshards.storage.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, LeaseRecord
 from tokenshards.storage.store import filesystem
 
@@ -67,10 +68,33 @@ def test_lease_of_a_dead_process_on_this_host_is_stale_at_once(out):
     fs, root, _ = out
     now = time.time()
     crashed = LeaseRecord(run="crashed", command="tokenize", host=socket.gethostname(), pid=_dead_pid(),
-                          started=now, renewed=now, ttl=3600)
+                          started=now, renewed=now, ttl=3600, space=process_space())
     fs.pipe_file(f"{root}/{LEASE_FILE}", crashed.to_bytes())
     with _lease(out) as lease:
         assert lease.record.run != "crashed"
+
+
+def test_a_machine_that_shares_this_host_name_keeps_its_lease_while_it_lives(out):
+    """Containers often share one host name; a pid gone here says nothing of a pid there."""
+    fs, root, url = out
+    now = time.time()
+    other = LeaseRecord(run="other", command="tokenize", host=socket.gethostname(), pid=_dead_pid(),
+                        started=now, renewed=now, ttl=3600, space=f"{socket.gethostname()}/another-boot/pid:1")
+    fs.pipe_file(f"{root}/{LEASE_FILE}", other.to_bytes())
+    with pytest.raises(LeaseHeld, match=f"is being written by a tokenize run on host {socket.gethostname()}"):
+        _lease(out).acquire()
+
+
+def test_a_record_of_an_earlier_version_is_judged_by_its_expiry_alone(out):
+    """Records written before ``space`` existed do not say which machine their pid is on."""
+    fs, root, _ = out
+    now = time.time()
+    record = json.loads(LeaseRecord(run="old", command="tokenize", host=socket.gethostname(), pid=_dead_pid(),
+                                    started=now, renewed=now, ttl=3600).to_bytes())
+    del record["space"]
+    fs.pipe_file(f"{root}/{LEASE_FILE}", json.dumps(record).encode())
+    with pytest.raises(LeaseHeld, match="is being written by"):
+        _lease(out).acquire()
 
 
 def test_renewed_while_the_run_lives(out):

@@ -1,5 +1,6 @@
 """One live writer per output folder: a lease object in it, taken atomically, renewed while the
-run lives, stale after a TTL (or at once when its process is gone from this machine).
+run lives, stale after a TTL (or at once when its process is gone from this machine: the same
+host name, kernel boot and PID namespace, since containers often share a host name).
 
 Why a lease and not a lock: a lock held by a process that crashed, or by a machine that went
 away, would block the rerun forever; a lease expires. Why in OUT itself: it must work where OUT
@@ -33,6 +34,7 @@ from typing import Callable
 
 import fsspec
 
+from ..cluster.machines import process_space
 from ..errors import UserError
 from .store import display_url, is_local, is_s3, join, write_atomic
 
@@ -64,6 +66,10 @@ class LeaseRecord:
     started: float
     renewed: float
     ttl: float
+    space: str = ""
+    """Where ``pid`` names one process (``machines.process_space``: host name, kernel boot, PID
+    namespace): two containers can share a host name and a pid. Empty in records of earlier
+    versions, which are then judged by their expiry alone."""
 
     @property
     def expires(self) -> float:
@@ -77,7 +83,7 @@ class LeaseRecord:
         """None for a record that isn't one (half-written by a foreign tool, hand-edited): stale."""
         try:
             data = json.loads(raw)
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data or k != "space"})
         except (ValueError, TypeError, KeyError):
             return None
 
@@ -86,9 +92,9 @@ class LeaseRecord:
         return (f"a {self.command} run on host {self.host}, pid {self.pid}, started {started}, "
                 f"lease renewed {max(now - self.renewed, 0):.0f} s ago")
 
-    def is_stale(self, now: float, *, host: str) -> bool:
-        """Expired, or held by a process of this machine that no longer exists."""
-        return now > self.expires or (self.host == host and not _pid_alive(self.pid))
+    def is_stale(self, now: float, *, space: str) -> bool:
+        """Expired, or held by a process of this machine (this process space) that no longer exists."""
+        return now > self.expires or (bool(self.space) and self.space == space and not _pid_alive(self.pid))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -265,6 +271,7 @@ class Lease:
         self.path = join(root, LEASE_FILE)
         self.ops = _ops(fs, self.path)
         self.host = socket.gethostname()
+        self.space = process_space()
         self.record: LeaseRecord | None = None
         self.token = None
         self.lost: LeaseRecord | None = None
@@ -277,7 +284,7 @@ class Lease:
     def acquire(self) -> None:
         now = self.clock()
         self.record = LeaseRecord(run=uuid.uuid4().hex, command=self.command, host=self.host, pid=os.getpid(),
-                                  started=now, renewed=now, ttl=self.ttl)
+                                  started=now, renewed=now, ttl=self.ttl, space=self.space)
         for _ in range(5):  # each round: someone else's lease changed under us; look again
             try:
                 self.token = self.ops.create(self.record.to_bytes())
@@ -290,7 +297,7 @@ class Lease:
             raw, token = current
             held = LeaseRecord.from_bytes(raw)
             now = self.clock()
-            if held is not None and not held.is_stale(now, host=self.host):
+            if held is not None and not held.is_stale(now, space=self.space):
                 raise LeaseHeld(
                     f"{self.url} is being written by {held.describe(now)}; wait for it to finish or use another "
                     f"--out (if that run is dead, its lease expires {max(held.expires - now, 0):.0f} s from now; "
