@@ -161,6 +161,35 @@ def test_storage_options_hide_their_values():
     assert again == options and isinstance(again, store.StorageOptions)
 
 
+def test_a_storage_option_of_the_wrong_shape_is_one_line_in_every_config():
+    """Every job's config goes through RunOptions, which checks and wraps the options once."""
+    from tokenshards.bpe.train import TrainBpeConfig
+    from tokenshards.export.job import ExportConfig
+    from tokenshards.verify.job import VerifyConfig
+
+    bad = {"secret": "hunter2", "client_kwargs": "endpoint_url=http://x"}
+    makers = [lambda: TokenizeConfig(inputs=("x",), out="y", storage_options=bad),
+              lambda: ExportConfig(out="y", to="z", format="llmc", storage_options=bad),
+              lambda: VerifyConfig(out="y", storage_options=bad),
+              lambda: TrainBpeConfig(inputs=("x",), out="v.tiktoken", vocab_size=300, storage_options=bad)]
+    for make in makers:
+        with pytest.raises(UserError, match=r"^--storage-option client_kwargs: expected a JSON object") as e:
+            make()
+        assert "hunter2" not in str(e.value)
+    good = ExportConfig(out="y", to="z", format="llmc", storage_options={"secret": "hunter2"})
+    assert isinstance(good.storage_options, store.StorageOptions)  # what export sends to its tasks
+
+
+def test_cli_takes_json_for_a_mapping_option_and_says_when_it_is_not_json(capsys):
+    from tokenshards.cli import _storage_options
+
+    assert _storage_options([("client_kwargs", '{"region_name": "eu-west-1"}')]) == {"client_kwargs": {"region_name": "eu-west-1"}}
+    code = main(["verify", "s3://b/x", "--storage-option", "client_kwargs={region_name: x}"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("tokenshards: error: --storage-option client_kwargs: its value starts like JSON but is not valid JSON")
+
+
 def test_endpoint_from_the_environment():
     env = {"AWS_ENDPOINT_URL": "http://minio:9000"}
     assert store.with_env_endpoint({}, env) == {"client_kwargs": {"endpoint_url": "http://minio:9000"}}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import json
 import os
 import sys
 import traceback
@@ -19,17 +20,28 @@ def _storage_option(text: str) -> tuple[str, str]:
 
 
 def _storage_options(pairs) -> dict:
-    """key=value pairs for fsspec/s3fs; ``endpoint_url`` goes where s3fs expects it.
-    ``AWS_ENDPOINT_URL`` is read here so that remote workers get the same endpoint."""
+    """key=value pairs for fsspec/s3fs; ``endpoint_url`` goes where s3fs expects it, a value that
+    starts with ``{`` or ``[`` is JSON. ``AWS_ENDPOINT_URL`` is read here so that remote workers
+    get the same endpoint. Every command's options go through this and ``RunOptions``."""
     from .storage.store import with_env_endpoint
 
     options: dict = {}
     for key, value in pairs or []:
         if key in ("endpoint_url", "region_name"):
             options.setdefault("client_kwargs", {})[key] = value
+        elif value.lstrip().startswith(("{", "[")):
+            options[key] = _json_option(key, value)
         else:
             options[key] = {"true": True, "false": False}.get(value.lower(), value)
     return with_env_endpoint(options, os.environ)
+
+
+def _json_option(key: str, value: str):
+    try:
+        return json.loads(value)
+    except ValueError as e:  # the value is not shown: it may hold a secret
+        raise UserError(f"--storage-option {key}: its value starts like JSON but is not valid JSON ({e.msg} at "
+                        f"character {e.pos}); quote it for the shell, e.g. {key}='{{\"region_name\": \"eu-west-1\"}}'") from e
 
 
 def _add_input_argument(p, what: str) -> None:

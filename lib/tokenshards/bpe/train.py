@@ -14,6 +14,7 @@ from typing import Callable
 import tiktoken
 
 from ..cluster import runner
+from ..cluster import machines
 from ..cluster.options import RunOptions
 from ..cluster.progress import Progress, human
 from ..errors import UserError
@@ -141,7 +142,8 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
     located = corpus.locate(sources, hub=config.hub, announce=announce)
 
-    with runner.connect_to(config, announce=announce) as client:
+    with runner.connect_to(config, announce=announce,
+                           local_paths=machines.reading_inputs(config.inputs, [s.url for s in sources])) as client:
         plan = corpus.plan(client, located, text_column=config.text_column, id_column=None,
                            storage_options=config.storage_options, partition_bytes=config.partition_bytes,
                            announce=announce)

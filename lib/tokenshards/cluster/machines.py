@@ -101,6 +101,20 @@ class PathUse:
     """For reads: the files the workers will open (a sample is compared)."""
 
 
+def reading_inputs(inputs: Sequence[str], urls: Sequence[str]) -> list[PathUse]:
+    """The local files among ``urls`` that ``--input`` named, as workers read them (none: nothing to check)."""
+    local = [u for u in urls if u.startswith("/")]
+    if not local:
+        return []
+    named = inputs[0] if len(inputs) == 1 else os.path.commonpath(local)
+    return [PathUse(option="--input", url=named, writes=False, files=tuple(local))]
+
+
+def reading_run(option: str, url: str, files: Sequence[str]) -> PathUse:
+    """A finished run's folder whose ``files`` (manifest, part files) the workers read."""
+    return PathUse(option=option, url=url, writes=False, files=tuple(files))
+
+
 def _stat(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UserError
+from ..storage.store import storage_options
 from .progress import MODES
 
 
@@ -22,6 +23,8 @@ class RunOptions:
     """How progress shows (``progress.MODES``): a live line on a terminal, a short log, or nothing."""
 
     def __post_init__(self):
+        # Checked once, and wrapped so that credentials never print (a repr, distributed's log of a failed task).
+        object.__setattr__(self, "storage_options", storage_options(self.storage_options))
         if self.workers is not None and self.workers < 1:
             raise UserError(f"--workers {self.workers} must be at least 1")
         if self.progress not in MODES:

@@ -18,18 +18,25 @@ from distributed import Client, Future, as_completed
 
 from ..errors import UserError
 from . import interrupt
+from .machines import PathUse, check_same_view
 from .options import RunOptions
 from .progress import Progress
 
 Item = TypeVar("Item")
 
 
-def connect_to(options: RunOptions, *, announce: Callable[[str], None]) -> contextlib.AbstractContextManager[Client]:
-    """A client where ``options`` say the job runs (local, ``--scheduler``, ``--cluster``)."""
+@contextlib.contextmanager
+def connect_to(options: RunOptions, *, announce: Callable[[str], None],
+               local_paths: Sequence[PathUse] = ()) -> Iterator[Client]:
+    """A client where ``options`` say the job runs (local, ``--scheduler``, ``--cluster``), once
+    the workers on every machine were seen to share this machine's view of ``local_paths``
+    (``machines.check_same_view``: one line naming the path and machines otherwise)."""
     from .connect import connect
 
-    return connect(workers=options.workers, scheduler=options.scheduler, dashboard_address=options.dashboard_address,
-                   announce=announce, cluster_config=options.cluster_config)
+    with connect(workers=options.workers, scheduler=options.scheduler, dashboard_address=options.dashboard_address,
+                 announce=announce, cluster_config=options.cluster_config) as client:
+        check_same_view(client, local_paths, storage_options=options.storage_options)
+        yield client
 
 
 def submit(client: Client, fn: Callable, items: Sequence, *more: Sequence, retries: int = 0, **kwargs) -> list[Future]:

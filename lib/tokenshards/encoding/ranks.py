@@ -21,7 +21,7 @@ import uuid
 import tiktoken
 
 from ..errors import UserError
-from ..storage.store import filesystem, write_atomic
+from ..storage.store import check_bucket, filesystem, is_local, write_atomic
 
 FORMAT = "tokenshards-bpe/1"
 SUFFIX = ".tiktoken"
@@ -116,10 +116,8 @@ def write_trained(out: str, *, params: dict, pattern_name: str, stats: dict, sto
         "training": stats,
     }
     fs, path = filesystem(out, storage_options)
-    parent = posixpath.dirname(path)
     try:
-        if parent:
-            fs.makedirs(parent, exist_ok=True)
+        _make_parent(fs, path)
         write_atomic(fs, path, data)
         write_atomic(fs, sidecar_path(path), (json.dumps(sidecar, indent=1, ensure_ascii=False) + "\n").encode())
     except OSError as e:
@@ -129,15 +127,21 @@ def write_trained(out: str, *, params: dict, pattern_name: str, stats: dict, sto
 def check_writable(out: str, storage_options: dict | None = None) -> None:
     """Fail before training when OUT's folder cannot be written (a probe file, then removed)."""
     fs, path = filesystem(out, storage_options)
+    check_bucket(fs, path, out, what="--out")  # s3fs's makedirs would create a missing bucket; tokenize never does
     probe = f"{path}.{uuid.uuid4().hex}.probe"
     try:
-        parent = posixpath.dirname(path)
-        if parent:
-            fs.makedirs(parent, exist_ok=True)
+        _make_parent(fs, path)
         write_atomic(fs, probe, b"ok")
         fs.rm(probe)
     except OSError as e:
         raise UserError(f"cannot write {out!r}: {type(e).__name__}: {e}; choose another --out or fix its permissions") from e
+
+
+def _make_parent(fs, path: str) -> None:
+    """A local folder is made; object stores have none to make (and a bucket is never created)."""
+    parent = posixpath.dirname(path)
+    if parent and is_local(fs):
+        fs.makedirs(parent, exist_ok=True)
 
 
 def _read(url: str, storage_options: dict | None, what: str, *, ranks_path: str) -> bytes:

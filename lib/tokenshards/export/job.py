@@ -18,6 +18,7 @@ import numpy as np
 from distributed import Client
 
 from ..cluster import interrupt, runner
+from ..cluster import machines
 from ..cluster.options import RunOptions
 from ..errors import UserError
 from ..cluster.progress import Progress, human
@@ -207,7 +208,9 @@ def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,
     kind = target_kind(dest_fs)
     _prepare_dest(dest_fs, dest_root, config)
 
-    with runner.connect_to(config, announce=announce) as client:
+    with runner.connect_to(config, announce=announce, local_paths=[
+            machines.reading_run("RUN", config.out, manifest.files(filesystem(config.out, config.storage_options)[1])),
+            machines.PathUse(option="--to", url=config.to, writes=True)]) as client:
         threshold = None
         val_docs = np.zeros(len(entries), dtype=np.int64)
         val_tokens = np.zeros(len(entries), dtype=np.int64)

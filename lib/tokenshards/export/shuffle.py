@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 from distributed import Client
 
-from ..cluster import runner
+from ..cluster import machines, runner
 from ..errors import UserError
 from ..format.reader import PartitionFiles, open_manifest
 from ..format.v1 import Manifest, PartitionEntry
@@ -421,7 +421,10 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
     _prepare_dest(dest_fs, dest_root, config)
     seed = config.seed or 0
 
-    with runner.connect_to(config, announce=announce) as client:
+    local_paths = [machines.reading_run("RUN", r.path, r.manifest.files(filesystem(r.path, config.storage_options)[1]))
+                   for r in runs]
+    with runner.connect_to(config, announce=announce,
+                           local_paths=[*local_paths, machines.PathUse(option="--to", url=config.to, writes=True)]) as client:
         thresholds: list[Threshold | None] = []
         for n, (run, want) in enumerate(zip(runs, val_split)):
             threshold = None

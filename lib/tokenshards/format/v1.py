@@ -229,6 +229,10 @@ class Manifest:
         """The partitions in plan order (the order readers and exporters number documents in)."""
         return sorted(self.partitions, key=lambda e: e.index)
 
+    def files(self, root: str) -> list[str]:
+        """The manifest and every tokens file, under ``root``: what a reader of the run opens."""
+        return [join(root, MANIFEST), *(join(root, e.tokens_file) for e in self.by_index())]
+
 
 def build_manifest(*, identity: dict, job: str, files: Sequence["InputFile"], skipped: Sequence["BadInput"],
                    entries: list[PartitionEntry], extra: dict | None = None) -> Manifest:

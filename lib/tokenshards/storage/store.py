@@ -49,19 +49,35 @@ class StorageOptions(dict):
         return (StorageOptions, (dict(self),))
 
 
+MAPPING_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs")
+"""s3fs options whose value is itself a mapping (on the command line: a JSON object)."""
+
+
 def storage_options(options: dict | None) -> StorageOptions:
-    """Wrap once, where a job starts; everything downstream passes the wrapped mapping on."""
-    return options if isinstance(options, StorageOptions) else StorageOptions(options or {})
+    """Checked and wrapped once, where every job's options are made (``RunOptions``); everything
+    downstream, tasks included, passes the wrapped mapping on. A value of the wrong shape is one
+    line here, not a traceback from deep inside s3fs on some worker."""
+    if isinstance(options, StorageOptions):
+        return options
+    options = dict(options or {})
+    for key in MAPPING_OPTIONS:
+        if key in options and not isinstance(options[key], dict):
+            # The value is not shown: it may hold a secret.
+            raise UserError(f"--storage-option {key}: expected a JSON object, e.g. {key}={{\"region_name\": \"eu-west-1\"}}, "
+                            f"got a {type(options[key]).__name__}; endpoint_url=... and region_name=... may also be given "
+                            "on their own")
+    return StorageOptions(options)
 
 
-def with_env_endpoint(options: dict, environ) -> dict:
+def with_env_endpoint(options: dict, environ) -> StorageOptions:
     """``options`` plus the endpoint named by ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (botocore's
     precedence) unless the options name one. Read once on the client and shipped with the
     options, so workers on other machines reach the same S3-compatible store (MinIO, R2, Ceph)."""
+    options = storage_options(options)
     endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
     if not endpoint or options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url"):
         return options
-    return {**options, "client_kwargs": {**(options.get("client_kwargs") or {}), "endpoint_url": endpoint}}
+    return storage_options({**options, "client_kwargs": {**(options.get("client_kwargs") or {}), "endpoint_url": endpoint}})
 
 
 def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:

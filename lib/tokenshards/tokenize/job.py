@@ -27,7 +27,7 @@ from . import resume
 from ..cluster.progress import Progress, human
 from ..wording import counted
 from ..storage.lease import Lease
-from ..storage.store import abort_stale_uploads, ensure_writable, file_identity_like, filesystem, join, storage_options
+from ..storage.store import abort_stale_uploads, ensure_writable, file_identity_like, filesystem, join
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,8 +57,6 @@ class Summary:
 def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = print) -> Summary:
     """Run the whole job; returns its summary. Raises ``UserError`` for anything the user can fix."""
     t0 = time.perf_counter()
-    # Options (credentials too) travel in the task graph; their repr hides values from logs.
-    config = config.replace(storage_options=storage_options(config.storage_options))
     sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     out_fs, out_root = filesystem(config.out, config.storage_options)
     ensure_writable(out_fs, out_root, config.out)  # a missing bucket or dead endpoint fails here, in one line
@@ -155,12 +153,8 @@ def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encodi
 
 def _local_paths(config: TokenizeConfig, sources: list) -> list[machines.PathUse]:
     """--input files and the --out folder, as the same-view check takes them (it skips URLs)."""
-    local = [s.url for s in sources if s.url.startswith("/")]
-    named = config.inputs[0] if len(config.inputs) == 1 else (os.path.commonpath(local) if local else "")
-    uses = [machines.PathUse(option="--out", url=config.out, writes=True)]
-    if local:
-        uses.append(machines.PathUse(option="--input", url=named, writes=False, files=tuple(local)))
-    return uses
+    return [machines.PathUse(option="--out", url=config.out, writes=True),
+            *machines.reading_inputs(config.inputs, [s.url for s in sources])]
 
 
 def _identity_like(url: str, recorded: dict, config: TokenizeConfig) -> dict:

@@ -24,12 +24,12 @@ from ..cluster import runner
 from ..cluster.progress import Progress
 from ..format import v1
 from ..format.v1 import Manifest, PartitionEntry
+from ..cluster import machines
 from ..cluster.options import RunOptions
 from ..encoding.encoders import EncoderPlugin, load_encoding
 from ..errors import UserError
 from ..wording import counted
-from ..storage.store import (describe_identity_change, file_identity_like, filesystem, is_local, join, read_json,
-                             storage_options)
+from ..storage.store import describe_identity_change, file_identity_like, filesystem, is_local, join, read_json
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
 
@@ -45,8 +45,6 @@ class VerifyConfig(RunOptions):
 
     def __post_init__(self):
         super().__post_init__()
-        # Credentials must not show in a repr or in distributed's log of a failed task.
-        object.__setattr__(self, "storage_options", storage_options(self.storage_options))
         if self.deep < 0:
             raise UserError(f"--deep {self.deep} must be 0 or more documents")
 
@@ -254,7 +252,9 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     sample = choose_sample([(e.index, int(e.docs)) for e in entries], n=config.deep, seed=config.seed) \
         if loaded is not None else {}
 
-    with runner.connect_to(config, announce=announce) as client:
+    # The workers read the parts: a pass must speak of the folder this machine sees.
+    with runner.connect_to(config, announce=announce,
+                           local_paths=[machines.reading_run("OUT", config.out, manifest.files(root))]) as client:
         if loaded is not None:
             plugin = EncoderPlugin(loaded)
             client.register_plugin(plugin)
