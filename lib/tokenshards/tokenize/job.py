@@ -27,7 +27,7 @@ from . import resume
 from ..cluster.progress import Progress, human
 from ..wording import counted
 from ..storage.lease import Lease
-from ..storage.store import abort_stale_uploads, ensure_writable, file_identity_like, filesystem, join
+from ..storage.store import abort_stale_uploads, ensure_writable, file_identity_like, filesystem, is_local, join
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +136,7 @@ def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encodi
     # A worker killed mid-write during this run left one too; every partition is committed now.
     _clear_leftovers(out_fs, out_root)
     lease.check()  # a run that stalled past its lease must not commit over its successor's files
+    _check_parts_here(out_fs, out_root, entries.values(), url=config.out)
     _announce_invalid_rows(entries.values(), announce=announce)
     rows_of = {p.index: p.rows for p in pieces}  # so that verify can check each input's rows are covered
     unreadable = [dataclasses.replace(b, rows=rows_of[b.partition]) if b.partition is not None else b for b in unreadable]
@@ -160,6 +161,18 @@ def _local_paths(config: TokenizeConfig, sources: list) -> list[machines.PathUse
 def _identity_like(url: str, recorded: dict, config: TokenizeConfig) -> dict:
     """An input's file identity now, in the terms an earlier run recorded it in (``claim_output``)."""
     return dict(file_identity_like(*filesystem(url, config.storage_options), recorded))
+
+
+def _check_parts_here(fs, root: str, entries, *, url: str) -> None:
+    """The manifest lists only files this machine sees: a worker that joined after the start-up
+    check, on a machine that does not share a local OUT, wrote its parts to its own disk."""
+    if not is_local(fs):
+        return
+    missing = sorted(e.tokens_file for e in entries if not os.path.exists(join(root, e.tokens_file)))
+    if missing:
+        raise UserError(f"--out {url}: this machine's folder lacks {counted(len(missing), 'part file')} the workers wrote "
+                        f"(first: {missing[0]}): some worker's machine does not share it; no manifest was written; "
+                        "use s3://BUCKET/PREFIX or a folder on a filesystem every machine mounts, and rerun")
 
 
 def _announce_invalid_rows(entries, *, announce: Callable[[str], None]) -> None:
