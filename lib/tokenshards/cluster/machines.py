@@ -25,7 +25,6 @@ from typing import Iterable, Sequence
 from distributed import wait
 
 from ..errors import UserError
-from ..storage.store import filesystem, is_local
 
 PROBE_PREFIX = ".tokenshards-view-probe-"
 PROBE_SAMPLE = 8
@@ -103,7 +102,7 @@ class PathUse:
 
 def reading_inputs(inputs: Sequence[str], urls: Sequence[str]) -> list[PathUse]:
     """The local files among ``urls`` that ``--input`` named, as workers read them (none: nothing to check)."""
-    local = [u for u in urls if u.startswith("/")]
+    local = [u for u in urls if is_local_path(u)]
     if not local:
         return []
     named = inputs[0] if len(inputs) == 1 else os.path.commonpath(local)
@@ -148,20 +147,30 @@ def _look(expected: dict[str, object]) -> list[str]:
     return differs
 
 
-def local_uses(uses: Iterable[PathUse], storage_options: dict | None) -> list[PathUse]:
-    return [u for u in uses if is_local(filesystem(u.url, storage_options)[0])]
+def is_local_path(url: str) -> bool:
+    """A path of this machine's filesystem, not a URL of a store every machine reaches (s3://,
+    hf://, a worker-side ``hfcache://``): told by its form alone, no filesystem is built."""
+    return "://" not in url or url.startswith("file://")
 
 
-def check_same_view(client, uses: Iterable[PathUse], *, storage_options: dict | None = None) -> None:
+def _absolute(url: str) -> str:
+    return os.path.abspath(url.removeprefix("file://"))
+
+
+def local_uses(uses: Iterable[PathUse]) -> list[PathUse]:
+    return [u for u in uses if is_local_path(u.url)]
+
+
+def check_same_view(client, uses: Iterable[PathUse]) -> None:
     """Stop, in one line, when a worker machine sees something else than this one at a local
     path the command hands to the workers. Costs one ``client.run`` and one task per other machine."""
-    for use, names in blind_machines(client, uses, storage_options=storage_options).items():
+    for use, names in blind_machines(client, uses).items():
         raise UserError(_not_shared(use, names))
 
 
-def blind_machines(client, uses: Iterable[PathUse], *, storage_options: dict | None = None) -> dict[PathUse, list[str]]:
+def blind_machines(client, uses: Iterable[PathUse]) -> dict[PathUse, list[str]]:
     """Each local path that some worker machines see otherwise than this one → their host names."""
-    uses = local_uses(uses, storage_options)
+    uses = local_uses(uses)
     if not uses:
         return {}
     machines = other_machines(client)
@@ -173,12 +182,12 @@ def blind_machines(client, uses: Iterable[PathUse], *, storage_options: dict | N
     try:
         for use in uses:
             if use.writes:
-                path = os.path.join(os.path.abspath(use.url), f"{PROBE_PREFIX}{uuid.uuid4().hex}")
+                path = os.path.join(_absolute(use.url), f"{PROBE_PREFIX}{uuid.uuid4().hex}")
                 token = uuid.uuid4().bytes
                 _write_probe(path, token, use)
                 probes.append(path)
                 expected[path], owner[path] = token, use
-            for f in _sample([os.path.abspath(p) for p in use.files]):
+            for f in _sample([_absolute(p) for p in use.files]):
                 expected[f], owner[f] = _stat(f), use
         futures = [client.submit(_look, expected, workers=[m.worker], allow_other_workers=False, pure=False,
                                  key=f"tokenshards-view-probe-{uuid.uuid4().hex}") for m in machines]

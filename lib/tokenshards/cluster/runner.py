@@ -35,7 +35,7 @@ def connect_to(options: RunOptions, *, announce: Callable[[str], None],
 
     with connect(workers=options.workers, scheduler=options.scheduler, dashboard_address=options.dashboard_address,
                  announce=announce, cluster_config=options.cluster_config) as client:
-        check_same_view(client, local_paths, storage_options=options.storage_options)
+        check_same_view(client, local_paths)
         yield client
 
 

@@ -91,9 +91,8 @@ def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encodi
     """The run once its inputs are located (some may still be downloading). ``local_paths``: what
     the workers must see as this machine does, checked first thing on the cluster."""
     spec = loaded.spec
-    with runner.connect_to(config, announce=announce) as client, report:
-        # Before any work: workers on other machines must see the same --input files and --out folder.
-        machines.check_same_view(client, local_paths, storage_options=config.storage_options)
+    # Before any work: workers on other machines must see the same --input files and --out folder.
+    with runner.connect_to(config, announce=announce, local_paths=local_paths) as client, report:
         # Local workers' forkserver verified the backend while this process started the cluster.
         choice = prebuilt.ask(loaded.fingerprint, config.backend) or choose(config.backend, loaded.encoding, loaded.params)
         backend = choice.name

@@ -252,13 +252,14 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     sample = choose_sample([(e.index, int(e.docs)) for e in entries], n=config.deep, seed=config.seed) \
         if loaded is not None else {}
 
-    # The workers read the parts: a pass must speak of the folder this machine sees.
-    with runner.connect_to(config, announce=announce,
-                           local_paths=[machines.reading_run("OUT", config.out, manifest.files(root))]) as client:
+    # The workers read the parts (and --deep's inputs): a pass must speak of what this machine sees.
+    sampled = {e.input for e in entries if sample.get(e.index)}
+    local_paths = [machines.reading_run("OUT", config.out, manifest.files(root)),
+                   *[machines.PathUse(option="input", url=path, writes=False, files=(path,)) for path in sorted(sampled)]]
+    with runner.connect_to(config, announce=announce, local_paths=local_paths) as client:
         if loaded is not None:
             plugin = EncoderPlugin(loaded)
             client.register_plugin(plugin)
-            sampled = {e.input for e in entries if sample.get(e.index)}
             identities = {i["path"]: i["identity"] for i in manifest.inputs
                           if isinstance(i, dict) and i.get("path") in sampled and isinstance(i.get("identity"), dict)}
             expected = dataclasses.replace(expected, encoder=plugin.ref, input_identities=identities)
