@@ -194,13 +194,14 @@ def _ip_batch(commands: list[str], netns: str | None = None, *, force: bool = Fa
 
 
 def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed test process may wait to be reaped)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    except PermissionError:
+    except OSError:
         return True
-    return True
 
 
 def _killpg(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
@@ -218,7 +219,8 @@ def _children(pid: int) -> list[int]:
 
 
 def remove_stale_namespaces() -> list[str]:
-    """Delete the network namespaces of labs whose test process is gone (killed before its clean-up)."""
+    """Delete the network namespaces (and work folders) of labs whose test process is gone
+    (killed before its clean-up); their hosts' processes went with it."""
     r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
     stale = []
     for line in r.stdout.splitlines():
@@ -227,6 +229,10 @@ def remove_stale_namespaces() -> list[str]:
         if m and not _alive(int(m.group(1))):
             stale.append(name)
     _ip_batch([f"netns del {name}" for name in stale], force=True)
+    for folder in Path(tempfile.gettempdir()).glob(f"tokenshards-{PREFIX}*x*-*"):
+        m = re.match(rf"tokenshards-{PREFIX}(\d+)x\d+-", folder.name)
+        if m and not _alive(int(m.group(1))):
+            shutil.rmtree(folder, ignore_errors=True)
     return stale
 
 
