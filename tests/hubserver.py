@@ -16,9 +16,12 @@ times; ``drop(...)`` sends headers and only part of a body, then closes the conn
 keeps a file's download waiting until the test lets it go. Speed:
 ``rate`` caps each response's body, ``link_rate`` all of them together (one link, shared by
 every connection, as a machine's network is). Every request is logged in ``requests`` so tests
-can assert what the client fetched.
+can assert what the client fetched; with ``log_file``, also as one JSON line per request once its
+body has gone out (client address, method, path, Range header, status, body bytes sent), for a
+test whose server runs in another process or on another (lab) machine.
 
-Run alone to try ``make tokenize`` against it: ``python tests/hubserver.py ROOT --repo R``.
+Run alone to try ``make tokenize`` against it: ``python tests/hubserver.py ROOT --repo R``
+(``--host``/``--port`` to listen elsewhere than 127.0.0.1, ``--log FILE`` for the JSON lines).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import re
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -57,6 +60,10 @@ class Logged:
     path: str
     range: str | None
     status: int
+    client: str | None = None
+    """The requesting host's address."""
+    sent: int = 0
+    """Body bytes written to the client (0 for HEAD; what went out before a drop or hang-up)."""
 
 
 class HubServer:
@@ -64,8 +71,11 @@ class HubServer:
 
     def __init__(self, root: Path, *, repo: str = "HuggingFaceFW/fineweb", commit: str | None = None,
                  page_size: int | None = None, branches: tuple[str, ...] = ("main",), list_subfolders: bool = True,
-                 link_rate: int | None = None):
+                 link_rate: int | None = None, host: str = "127.0.0.1", port: int = 0, log_file: Path | None = None):
         self.root = Path(root)
+        self.host, self.port = host, port
+        self.log_file = Path(log_file) if log_file else None
+        """One JSON line per request (a ``Logged``), appended once the body went out."""
         self.repo = repo
         self.commit = commit or hashlib.sha1(f"{repo}@{time.time_ns()}".encode()).hexdigest()
         self.page_size = page_size
@@ -87,7 +97,7 @@ class HubServer:
     # -- lifecycle --
     def start(self) -> "HubServer":
         handler = type("Handler", (_Handler,), {"hub": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
         self._thread.start()
@@ -139,6 +149,12 @@ class HubServer:
             holds = [(event, timeout) for pattern, event, timeout in self._holds if pattern.search(path)]
         for event, timeout in holds:
             event.wait(timeout)
+
+    def _write_log(self, record: Logged) -> None:
+        if self.log_file is None:
+            return
+        with self._lock, self.log_file.open("a") as f:
+            f.write(json.dumps(asdict(record)) + "\n")
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -236,9 +252,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         # Logged before the body goes out: a client that has the whole body must find its request
         # in the log (logging after the write raced the test thread that reads the log).
-        self.hub.requests.append(Logged(self.command, self.path, self.headers.get("Range"), status))
-        if not head:
-            self.wfile.write(body)
+        self.hub.requests.append(self._logged(status, 0 if head else len(body)))
+        sent = 0
+        try:
+            if not head:
+                self.wfile.write(body)
+                sent = len(body)
+        finally:
+            self.hub._write_log(self._logged(status, sent))
+
+    def _logged(self, status: int, sent: int) -> Logged:
+        return Logged(self.command, self.path, self.headers.get("Range"), status, client=self.client_address[0], sent=sent)
 
     def _json(self, status: int, obj, headers: dict | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
@@ -351,7 +375,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body[:drop_after])
         self.wfile.flush()
-        self.hub.requests.append(Logged(self.command, self.path, wanted, -status))
+        self.hub.requests.append(self._logged(-status, len(body[:drop_after])))
+        self.hub._write_log(self.hub.requests[-1])
         self.close_connection = True
         try:
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -367,19 +392,23 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.end_headers()
         step = max(1, min(r for r in (hub.rate, hub.link_rate) if r) // 20)
+        sent = 0
         try:
             for i in range(0, len(body), step):
                 chunk = body[i:i + step]
                 if hub.link_rate:
                     hub._through_link(len(chunk))
                 self.wfile.write(chunk)
+                sent += len(chunk)
                 self.wfile.flush()
                 if hub.rate:
                     time.sleep(len(chunk) / hub.rate)
         except OSError:
             self.close_connection = True
+            hub._write_log(self._logged(status, sent))
             return
-        self.hub.requests.append(Logged(self.command, self.path, self.headers.get("Range"), status))
+        self.hub.requests.append(self._logged(status, sent))
+        hub._write_log(self.hub.requests[-1])
 
 
 def _closed_range(header: str | None) -> bool:
@@ -392,9 +421,12 @@ def main() -> None:
     p.add_argument("--repo", default="HuggingFaceFW/fineweb")
     p.add_argument("--page-size", type=int)
     p.add_argument("--rate", type=float, metavar="MB_S", help="cap all downloads together at this many MB/s")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
+    p.add_argument("--log", type=Path, metavar="FILE", help="append one JSON line per request to FILE")
     a = p.parse_args()
-    with HubServer(Path(a.root), repo=a.repo, page_size=a.page_size,
-                   link_rate=int(a.rate * 1e6) if a.rate else None) as hub:
+    with HubServer(Path(a.root), repo=a.repo, page_size=a.page_size, link_rate=int(a.rate * 1e6) if a.rate else None,
+                   host=a.host, port=a.port, log_file=a.log) as hub:
         print(f"HF_ENDPOINT={hub.url}  (repo {hub.repo}, commit {hub.commit}); Ctrl-C stops", flush=True)
         try:
             while True:
