@@ -93,8 +93,21 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.Ab
     except (ValueError, TypeError) as e:
         # TypeError: an option the filesystem does not take (the message names the key, not values).
         raise UserError(f"cannot open {url!r}: {_one_line(e)}; check the URL and --storage-option keys") from e
+    if is_s3(fs):
+        _connect(fs, url)
     fs.invalidate_cache()
     return fs, path
+
+
+def _connect(fs: fsspec.AbstractFileSystem, url: str) -> None:
+    """s3fs builds its botocore client at the first request, deep inside whatever made it: an
+    option botocore does not take (inside ``client_kwargs``, say) is found here instead, in one
+    line. Once per filesystem instance (fsspec caches them); no request is sent."""
+    try:
+        fs.connect()
+    except (TypeError, ValueError) as e:
+        raise UserError(f"cannot open {url!r}: s3fs/botocore did not accept the storage options ({_one_line(e)}); "
+                        "check the --storage-option keys and what client_kwargs/config_kwargs hold") from e
 
 
 def is_local(fs: fsspec.AbstractFileSystem) -> bool:
