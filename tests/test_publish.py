@@ -251,3 +251,78 @@ def test_shards_are_never_read_whole(tmp_path, monkeypatch):
     assert sha256 == hashlib.sha256(data).hexdigest()
     assert sha1 == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
     assert reads and all(0 < n <= 65536 for n in reads)
+
+
+def test_a_dir_holding_another_export_is_refused_unless_overwrite(run, cluster, hub, tmp_path, capsys):
+    hub.exists = True
+    assert main(_publish_argv(run, cluster)) == 0
+    bigger = _publish_argv(run, cluster)
+    bigger[bigger.index("--shard-tokens") + 1] = str(3 * SHARD)
+    capsys.readouterr()
+    n_requests = len(hub.requests)
+    assert main(bigger) == 2
+    line = _error_line(capsys)
+    assert f"{DEST} already holds another export (" in line and "pass --overwrite" in line
+    assert not [r for r in hub.requests[n_requests:] if r.method == "PUT" or "/commit/" in r.path]
+
+    assert main([*bigger, "--overwrite"]) == 0
+    assert "already holds this export" in capsys.readouterr().err  # the staged export, not a new one
+    record = json.loads((hub.root / "gpt2" / "fineweb_export.json").read_text())
+    assert record["shard_tokens"] == 3 * SHARD
+    names = {p.name for p in (hub.root / "gpt2").iterdir()}
+    assert names == {f["name"] for f in record["files"]} | {"fineweb_export.json", "README.md"}  # the extra shards went
+    assert f"{3 * SHARD:,} tokens each" in (hub.root / "gpt2" / "README.md").read_text()
+
+
+def test_a_dropped_upload_connection_is_retried(run, cluster, hub, tmp_path):
+    hub.exists = True
+    hub.drop(r"/lfs-upload/", method="PUT", times=1)  # huggingface_hub sends it again
+    export = ExportConfig(out=str(run["out"]), format="llmc", to=DEST, val_tokens=VAL, shard_tokens=SHARD,
+                          scheduler=cluster.scheduler_address, progress="none")
+    run_publish(PublishConfig(export=export, staging=str(tmp_path / "stage"), backoff=0.01), announce=lambda m: None)
+    assert [r for r in hub.requests if r.method == "PUT" and r.status == 0]
+    local = _local_files(run)
+    assert {n: (hub.root / "gpt2" / n).read_bytes() for n in local} == local
+    assert (tmp_path / "stage" / ".tokenshards-publish.json").is_file()
+    assert not _staging(tmp_path).exists()
+
+
+def test_cli_honours_hf_endpoint_hf_token_and_hf_home(run, cluster, tmp_path):
+    """What a user sets, in a fresh process: HF_ENDPOINT, HF_TOKEN, HF_HOME (the staging folder's default)."""
+    import subprocess
+    import sys
+
+    with HubServer(tmp_path / "hub-repo", repo=REPO, tokens=TOKENS, exists=False) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+        env.update(HF_ENDPOINT=server.url, HF_TOKEN="tok-me", HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_XET="1",
+                   HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+        tokenshards = str(Path(sys.executable).with_name("tokenshards"))
+        done = subprocess.run([tokenshards, *_publish_argv(run, cluster, "--create-repo", "--private")], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert f"created private dataset repo {REPO}" in done.stderr
+        assert _staging(tmp_path).is_dir()
+        local = _local_files(run)
+        assert {n: (server.root / "gpt2" / n).read_bytes() for n in local} == local
+
+
+def test_the_card_of_a_shuffled_mixture_names_runs_weights_and_seed():
+    from tokenshards.export.card import dataset_card
+
+    record = {"export_format": "npy", "source": None, "encoding": {"name": "cl100k_base", "n_vocab": 100277, "eot": 100257,
+              "dtype": "uint32"}, "eot_position": "suffix", "dtype": "<u4", "shard_tokens": 1000, "min_shard_tokens": 10,
+              "val_tokens_requested": 100, "val_selection": "per run, ...",
+              "order": {"shuffle": True, "seed": 7, "key": "murmur3 ..."}, "tokens_requested": 5000,
+              "sources": [{"path": "out/a", "source_job": "aaa", "weight": 0.75, "tokens": 3750, "epochs": 1.5},
+                          {"path": "out/b", "source_job": "bbb", "weight": 0.25, "tokens": 1250, "epochs": 0.5}],
+              "splits": {"val": {"docs": 3, "tokens": 120}, "train": {"docs": 40, "tokens": 5010}},
+              "files": [{"name": "mix_val_000000.npy", "split": "val", "tokens": 120, "bytes": 608},
+                        {"name": "mix_train_000001.npy", "split": "train", "tokens": 5010, "bytes": 20168}]}
+    card = dataset_card(record, repo="me/mix", folder="", record_name="mix_export.json")
+    assert card == dataset_card(record, repo="me/mix", folder="", record_name="mix_export.json")  # same bytes every time
+    assert "`out/a` (job `aaa`); `out/b` (job `bbb`)" in card
+    assert "`out/a` weight 0.75: 3,750 train tokens, 1.5 epochs; `out/b` weight 0.25" in card
+    assert "shuffled over the whole corpus, seed 7" in card
+    assert "`cl100k_base`, n_vocab 100,277, eot id 100257, stored as uint32 (little-endian)" in card
+    assert "after each document" in card and "build-nanogpt `.npy` shards" in card
+    assert "filename='' + fname" not in card and "hf_hub_download(repo_id='me/mix', filename=fname" in card

@@ -101,9 +101,10 @@ def _download(repo: str, folder: str, files: list, fmt: str, record_name: str) -
     lines = ["```python", "import json, os", "from huggingface_hub import hf_hub_download", "",
              "local_dir = os.path.join(os.path.dirname(__file__), 'data')", "",
              "def get(fname):",
-             f"    path = os.path.join(local_dir, {prefix!r}, fname)",
+             f"    path = os.path.join(local_dir, {folder!r}, fname)" if folder else "    path = os.path.join(local_dir, fname)",
              "    if not os.path.exists(path):",
-             f"        hf_hub_download(repo_id={repo!r}, filename={prefix!r} + fname, repo_type='dataset', local_dir=local_dir)",
+             f"        hf_hub_download(repo_id={repo!r}, filename={(repr(prefix) + ' + ') if prefix else ''}fname, repo_type='dataset', "
+             "local_dir=local_dir)",
              "    return path", "",
              f"record = json.load(open(get({record_name!r})))",
              "for f in record['files']:  # validation first; or only the first N train files, as modded-nanogpt's script takes",
