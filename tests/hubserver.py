@@ -34,9 +34,10 @@ the connection (for a PUT or POST: reads the request, then hangs up without an a
 keeps a file's download waiting until the test lets it go. Speed:
 ``rate`` caps each response's body, ``link_rate`` all of them together (one link, shared by
 every connection, as a machine's network is). Every request is logged in ``requests`` so tests
-can assert what the client fetched.
+can assert what the client fetched or sent (``downloads()``, ``uploads()``, ``commits()``).
 
-Run alone to try ``make tokenize`` against it: ``python tests/hubserver.py ROOT --repo R``.
+Run alone to try ``make tokenize`` against it: ``python tests/hubserver.py ROOT --repo R``; with
+``--token TOKEN=USER`` (and ``HF_HUB_DISABLE_XET=1`` on the client) ``export --to hf://`` too.
 """
 from __future__ import annotations
 
@@ -688,9 +689,11 @@ def main() -> None:
     p.add_argument("--repo", default="HuggingFaceFW/fineweb")
     p.add_argument("--page-size", type=int)
     p.add_argument("--rate", type=float, metavar="MB_S", help="cap all downloads together at this many MB/s")
+    p.add_argument("--token", action="append", default=[], metavar="TOKEN=USER",
+                   help="a token that may write to USER's repos (repeatable)")
     a = p.parse_args()
-    with HubServer(Path(a.root), repo=a.repo, page_size=a.page_size,
-                   link_rate=int(a.rate * 1e6) if a.rate else None) as hub:
+    with HubServer(Path(a.root), repo=a.repo, page_size=a.page_size, link_rate=int(a.rate * 1e6) if a.rate else None,
+                   tokens=dict(t.split("=", 1) for t in a.token)) as hub:
         print(f"HF_ENDPOINT={hub.url}  (repo {hub.repo}, commit {hub.commit}); Ctrl-C stops", flush=True)
         try:
             while True:

@@ -133,7 +133,7 @@ def test_publish_then_download_as_modded_nanogpt_does(run, cluster, hub, tmp_pat
     err = capsys.readouterr().err
     assert code == 0 and "already holds this export" in err and "exporting into" not in err
     later = hub.requests[n_requests:]
-    assert not [r for r in later if r.method == "PUT"] and not [r for r in later if "/commit/" in r.path]
+    assert not [r for r in later if r.method in ("PUT", "POST")], later  # no preupload, upload or commit
     assert {p: p.read_bytes() for p in sorted(hub.root.rglob("*")) if p.is_file()} == before
 
 
@@ -200,8 +200,11 @@ def test_missing_and_denied_repo_are_one_line_before_any_work(run, cluster, hub,
     assert f"dataset repo {REPO} on {hub.url} does not exist" in line and "pass --create-repo" in line
     assert not _staging(tmp_path).exists()
 
-    hub.exists = True
     monkeypatch.setenv("HF_TOKEN", "tok-other")
+    assert main(_publish_argv(run, cluster, "--create-repo")) == 2
+    assert f"cannot create dataset repo {REPO} on {hub.url} as other (403)" in _error_line(capsys)
+
+    hub.exists = True
     assert main(_publish_argv(run, cluster)) == 2
     line = _error_line(capsys)
     assert f"other may not write to dataset repo {REPO}" in line and "(403)" in line
@@ -276,6 +279,8 @@ def test_a_dir_holding_another_export_is_refused_unless_overwrite(run, cluster, 
 
 def test_a_dropped_upload_connection_is_retried(run, cluster, hub, tmp_path):
     hub.exists = True
+    hub.root.mkdir()
+    (hub.root / "README.md").write_text("---\nlicense: odc-by\n---\n# my own card\n")  # the publisher's: kept
     hub.drop(r"/lfs-upload/", method="PUT", times=1)  # huggingface_hub sends it again
     export = ExportConfig(out=str(run["out"]), format="llmc", to=DEST, val_tokens=VAL, shard_tokens=SHARD,
                           scheduler=cluster.scheduler_address, progress="none")
@@ -283,6 +288,7 @@ def test_a_dropped_upload_connection_is_retried(run, cluster, hub, tmp_path):
     assert [r for r in hub.requests if r.method == "PUT" and r.status == 0]
     local = _local_files(run)
     assert {n: (hub.root / "gpt2" / n).read_bytes() for n in local} == local
+    assert (hub.root / "README.md").read_text().endswith("# my own card\n") and (hub.root / "gpt2" / "README.md").is_file()
     assert (tmp_path / "stage" / ".tokenshards-publish.json").is_file()
     assert not _staging(tmp_path).exists()
 

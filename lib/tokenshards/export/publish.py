@@ -105,12 +105,12 @@ def run_publish(config: PublishConfig, *, announce: Callable[[str], None] = prin
     summary, record_name = _stage(config, staging, announce=announce)
     record_bytes = (Path(staging) / record_name).read_bytes()
     card = cards.dataset_card(json.loads(record_bytes), repo=dest.repo, folder=dest.folder, record_name=record_name).encode()
-    sent, commits = _upload(api, config, dest, staging, summary.files, record_name, card, announce=announce)
+    sent, commits, total = _upload(api, config, dest, staging, summary.files, record_name, card, announce=announce)
     endpoint = api.endpoint.rstrip("/")
     first = dest.path(summary.files[0]) if summary.files else dest.path(record_name)
     notes = (*summary.notes,
-             f"published: {counted(len(summary.files) + 2, 'file')} in {dest.url} ({endpoint}); {sent} sent in "
-             f"{counted(commits, 'commit')}, the rest already there",
+             f"published: {counted(total, 'file')} in {dest.url} ({endpoint}); {sent} sent in "
+             f"{counted(commits, 'commit')}" + (", the rest were there already" if sent < total else ""),
              f"download: hf_hub_download(repo_id={dest.repo!r}, filename={first!r}, repo_type='dataset', local_dir=...)",
              f"staged in {staging} ({human(_folder_bytes(staging))}B): a rerun or --overwrite publishes it without exporting again; "
              "delete it when done")
@@ -204,9 +204,9 @@ def _same(remote, sha256: str, sha1: str) -> bool:
 
 
 def _upload(api, config: PublishConfig, dest: HubDestination, staging: str, names: list[str], record_name: str,
-            card: bytes, *, announce: Callable[[str], None]) -> tuple[int, int]:
+            card: bytes, *, announce: Callable[[str], None]) -> tuple[int, int, int]:
     """Every shard not already on the Hub, ``commit_files`` a commit, then the record and the card
-    (and the deletions --overwrite asks for). (files sent, commits made)."""
+    (and the deletions --overwrite asks for). (files sent, commits made, files published)."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
     from . import formats
 
@@ -226,6 +226,7 @@ def _upload(api, config: PublishConfig, dest: HubDestination, staging: str, name
     root_card = remote.get(CARD) if dest.folder else None
     if dest.folder and (root_card is None or _is_ours(api, dest, root_card, config)):
         cards_todo.append((CARD, card))  # the Hub shows the root README.md; a card of the publisher's own stays
+    total = len(names) + 1 + len(cards_todo)
     shards = [n for n in names if not _same(remote.get(dest.path(n)), *local[n])]
     last = [n for n in (record_name,) if not _same(remote.get(dest.path(n)), *local[n])]
     cards_todo = [(path, data) for path, data in cards_todo
@@ -252,7 +253,7 @@ def _upload(api, config: PublishConfig, dest: HubDestination, staging: str, name
                                             *(CommitOperationAdd(path_in_repo=p, path_or_fileobj=d) for p, d in cards_todo)],
                 f"tokenshards export: {record_name} and the dataset card")
         commits += 1
-    return len(shards) + len(last) + len(cards_todo), commits
+    return len(shards) + len(last) + len(cards_todo), commits, total
 
 
 def _commit(api, config: PublishConfig, dest: HubDestination, operations: Callable[[], list], message: str) -> None:
@@ -264,8 +265,8 @@ def _commit(api, config: PublishConfig, dest: HubDestination, operations: Callab
         hubrepo.retrying(lambda: api.create_commit(dest.repo, operations(), commit_message=message, repo_type="dataset"),
                          retries=config.retries, backoff=config.backoff)
     except Exception as e:
-        if not (hubrepo.is_transient(e) or isinstance(e, (HfHubHTTPError, OSError, RuntimeError))):
-            raise
+        if not (hubrepo.is_transient(e) or isinstance(e, (HfHubHTTPError, OSError, RuntimeError, ValueError))):
+            raise  # huggingface_hub raises ValueError for a malformed or refusing LFS batch answer
         raise UserError(f"uploading to {dest.url} stopped ({hubrepo.first_line(_root_cause(e))}); rerun the same command "
                         "to resume: files already on the Hub are not sent again, the staged export is reused") from e
 

@@ -8,6 +8,7 @@ connection) are retried here as ``storage.hub`` retries its downloads.
 """
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -122,12 +123,15 @@ def _denied(e: HfHubHTTPError, *, user: str, where: str) -> UserError:
 
 
 def remote_files(api: HfApi, dest: HubDestination, *, retries: int, backoff: float) -> dict[str, RepoFile]:
-    """Files under the destination folder on ``main``, by path in the repo (empty: none yet)."""
-    try:
-        entries = retrying(lambda: list(api.list_repo_tree(dest.repo, dest.folder or None, recursive=True,
-                                                           repo_type="dataset")), retries=retries, backoff=backoff)
-    except EntryNotFoundError:
-        return {}
+    """Files on ``main`` under the destination folder, and those at the repo's root (its card), by path."""
+    def tree(folder: str | None, recursive: bool) -> list:
+        try:
+            return retrying(lambda: list(api.list_repo_tree(dest.repo, folder, recursive=recursive, repo_type="dataset")),
+                            retries=retries, backoff=backoff)
+        except EntryNotFoundError:
+            return []
+
+    entries = tree(dest.folder or None, True) + (tree(None, False) if dest.folder else [])
     return {e.path: e for e in entries if isinstance(e, RepoFile)}
 
 
@@ -163,8 +167,6 @@ def _status(e: HfHubHTTPError) -> int | None:
 
 
 def _token_source(token: str) -> str:
-    import os
-
     return "HF_TOKEN" if token in (os.environ.get("HF_TOKEN"), os.environ.get("HUGGING_FACE_HUB_TOKEN")) \
         else f"the token file ({constants.HF_TOKEN_PATH})"
 
