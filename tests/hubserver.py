@@ -73,6 +73,8 @@ class Fault:
     drop_after: int | None = None
     ranged: bool | None = None
     """True: only GETs of a closed byte range (a footer read); False: all others; None: any."""
+    after: int = 0
+    """Matching requests let through first (e.g. the first commit of an upload)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class HubServer:
         """Bytes per second for all file bodies together (None: no cap): first come, first served."""
         self._link_free = 0.0
         self.requests: list[Logged] = []
+        self.committed: list[list[str]] = []
+        """The paths each successful commit added or removed, in order."""
         self._faults: list[Fault] = []
         self._holds: list[tuple[re.Pattern, threading.Event, float]] = []
         self._lock = threading.Lock()
@@ -144,12 +148,13 @@ class HubServer:
 
     # -- test controls --
     def fail(self, path_regex: str, *, status: int, times: int = 1, method: str | None = None,
-             headers: dict | None = None, ranged: bool | None = None) -> None:
-        """Answer the next ``times`` matching requests with ``status`` (e.g. 429 with Retry-After);
-        ``ranged``: only footer-style reads of a closed range (True), or only the others (False)."""
+             headers: dict | None = None, ranged: bool | None = None, after: int = 0) -> None:
+        """Answer the next ``times`` matching requests with ``status`` (e.g. 429 with Retry-After),
+        once ``after`` of them have passed; ``ranged``: only footer-style reads of a closed range
+        (True), or only the others (False)."""
         with self._lock:
             self._faults.append(Fault(re.compile(path_regex), method, times, status=status, headers=headers or {},
-                                      ranged=ranged))
+                                      ranged=ranged, after=after))
 
     def drop(self, path_regex: str, *, after_bytes: int = 0, times: int = 1, method: str = "GET") -> None:
         """For the next ``times`` matching GETs, send the headers and ``after_bytes`` of the body, then
@@ -214,6 +219,9 @@ class HubServer:
                 if fault.ranged is not None and fault.ranged != _closed_range(range_header):
                     continue
                 if fault.times > 0 and (fault.method in (None, method)) and fault.pattern.search(path):
+                    if fault.after > 0:
+                        fault.after -= 1
+                        continue
                     fault.times -= 1
                     return fault
         return None
@@ -275,6 +283,7 @@ class HubServer:
                 elif key == "deletedFolder":
                     shutil.rmtree(target)
             self.commit = hashlib.sha1(f"{self.repo}@{self.commit}@{time.time_ns()}".encode()).hexdigest()
+            self.committed.append([item["value"]["path"] for item in lines[1:]])
             return None
 
     def entry(self, path: str) -> dict:

@@ -138,45 +138,37 @@ def test_publish_then_download_as_modded_nanogpt_does(run, cluster, hub, tmp_pat
 
 
 def test_interrupted_upload_resumes_without_sending_twice(run, cluster, hub, tmp_path):
+    """The Python form of rerunning the same command (the config the CLI builds), with 2 shards a commit."""
     hub.exists = True
     export = ExportConfig(out=str(run["out"]), format="llmc", to=DEST, val_tokens=VAL, shard_tokens=SHARD,
                           scheduler=cluster.scheduler_address, progress="none")
     config = PublishConfig(export=export, commit_files=2, retries=1, backoff=0.01)
-    # the second batch's commit fails past every retry: one batch committed, two objects sent, uncommitted
-    commits = []
-
-    def fail_second_commit():
-        hub.fail(r"/api/datasets/me/tokens/commit/main", status=503, times=2, method="POST")
-
     hub.fail(r"/preupload/", status=429, times=1, method="POST")  # huggingface_hub waits and retries
-    original = hub.apply_commit
-
-    def counting(lines):
-        commits.append([item["value"]["path"] for item in lines[1:]])
-        if len(commits) == 1:
-            fail_second_commit()
-        return original(lines)
-
-    hub.apply_commit = counting
+    # The second commit fails past every retry: one batch committed, the next one's objects sent but not committed.
+    hub.fail(r"/api/datasets/me/tokens/commit/main", status=503, times=2, method="POST", after=1)
     with pytest.raises(UserError, match=r"uploading to hf://datasets/me/tokens/gpt2 stopped \(.*503.*rerun the same command"):
         run_publish(config, announce=lambda m: None)
-    assert len(commits) == 1 and len(commits[0]) == 2
-    sent_first = [r.path for r in hub.uploads()]
-    assert len(sent_first) == 4  # batch 1 (committed) and batch 2 (uploaded, its commit refused)
+    assert len(hub.committed) == 1 and len(hub.committed[0]) == 2
+    assert len(hub.uploads()) == 4  # batch 1 (committed) and batch 2 (uploaded, its commit refused)
 
     lines = []
     run_publish(config, announce=lines.append)
-    assert any("already holds this export" in m for m in lines)  # staged once
-    assert any("2 already there" in m for m in lines)
+    assert any("already holds this export" in m for m in lines)  # exported once
+    assert any("8 files" in m and "2 already there" in m for m in lines)
     oids = [r.path.split("?")[0].rsplit("/", 1)[1] for r in hub.uploads()]
     assert len(oids) == len(set(oids)), "an object was sent twice"
     local = _local_files(run)
-    shards = [n for n in local if n.endswith(".bin")]
+    shards = sorted(n for n in local if n.endswith(".bin"))
     assert sorted(oids) == sorted(hashlib.sha256(local[n]).hexdigest() for n in shards)
-    assert commits[1] and all(p.startswith("gpt2/") for p in commits[1])
+    # the rerun committed each remaining shard once, never the first batch's, then the record and the cards
+    again = [p for commit in hub.committed[1:] for p in commit]
+    order = [f["name"] for f in json.loads(local["fineweb_export.json"])["files"]]
+    assert hub.committed[0] == [f"gpt2/{n}" for n in order[:2]]
+    assert sorted(again) == sorted([f"gpt2/{n}" for n in order[2:]] + ["gpt2/fineweb_export.json", "gpt2/README.md",
+                                                                       "README.md"])
+    assert len(hub.commits()) == 1 + 4 + 1
     for name, data in local.items():
         assert (hub.root / "gpt2" / name).read_bytes() == data
-    assert (hub.root / "gpt2" / "README.md").is_file()
 
 
 # -- one line, before any work ----------------------------------------------------------------
