@@ -134,15 +134,21 @@ def _stage(config: PublishConfig, staging: str, *, announce: Callable[[str], Non
         if summary is not None:
             announce(f"staging {staging} already holds this export (an earlier run's): uploading it")
             return summary, record_name
-    ours = earlier is not None or not (Path(staging).is_dir() and any(Path(staging).iterdir()))
-    if stamp.exists():
-        stamp.unlink()  # a half-made re-export must never be taken for the stamped one
+    # Ours to overwrite: the default folder, an empty one, or one a publish stamped (even one whose
+    # export was killed halfway); a folder of the user's with other files in it is the export's to refuse.
+    ours = earlier is not None or config.staging is None or not (Path(staging).is_dir() and any(Path(staging).iterdir()))
+    Path(staging).mkdir(parents=True, exist_ok=True)
+    _write_stamp(stamp, None)  # a half-made re-export must never be taken for the stamped one
     announce(f"exporting into the staging folder {staging}")
     summary = run_export(export.replace(to=staging, overwrite=export.overwrite or ours), announce=announce)
+    _write_stamp(stamp, key)
+    return summary, record_name
+
+
+def _write_stamp(stamp: Path, key: dict | None) -> None:
     tmp = stamp.with_name(stamp.name + ".tmp")
     tmp.write_text(json.dumps({"export": key}, indent=1))
     os.replace(tmp, stamp)
-    return summary, record_name
 
 
 def _stage_key(export: ExportConfig) -> dict:
