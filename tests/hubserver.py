@@ -8,28 +8,52 @@ It answers the requests huggingface_hub 2.x makes (read from its source, not gue
   paginated with a ``Link: <...>; rel="next"`` header when ``page_size`` is set; a missing
   path is 404 ``EntryNotFound``;
 - ``HEAD``/``GET /datasets/REPO/resolve/REV/PATH`` (``hf_hub_download``): ``X-Repo-Commit``,
-  ``ETag`` (the LFS sha256 for parquet files, the git blob sha1 for others, as the Hub does),
+  ``ETag`` (the LFS sha256 for LFS files, the git blob sha1 for others, as the Hub does),
   ``X-Linked-Size``/``X-Linked-Etag`` for LFS files, and ``Range`` requests (206).
 
-Faults for tests: ``fail(...)`` answers matching requests with a status (429, 500...) a number of
-times; ``drop(...)`` sends headers and only part of a body, then closes the connection; ``hold(...)``
+And what its upload path sends (``HfApi.create_commit`` with ``HF_HUB_DISABLE_XET=1``: the
+legacy LFS transfer; hf_xet's CAS protocol is not served), each write with ``Authorization:
+Bearer TOKEN`` of a user in ``tokens`` who owns the repo's namespace (else 401 ``Invalid user
+token`` / 403 as the Hub answers):
+
+- ``GET /api/whoami-v2``; ``GET /api/datasets/REPO/auth-check/write`` (``HfApi.auth_check``);
+  ``POST /api/repos/create`` (409 when it exists); ``POST /api/validate-yaml`` (a root README.md);
+- ``POST /api/datasets/REPO/preupload/REV``: ``uploadMode`` ``lfs`` for the suffixes in
+  ``LFS_SUFFIXES`` (the Hub's default ``.gitattributes``), else ``regular``, and the ``oid`` of the
+  file already at that path (sha256 for LFS, git blob sha1 otherwise) so unchanged files are skipped;
+- ``POST /datasets/REPO.git/info/lfs/objects/batch``: basic transfer; an object the server already
+  holds (uploaded earlier, committed or not) gets no ``actions``, so it is not sent again;
+  ``PUT /lfs-upload/REPO/OID`` (streamed to disk, sha256 checked) and ``POST /lfs-verify/REPO``;
+- ``POST /api/datasets/REPO/commit/REV``: the NDJSON commit (``file`` base64, ``lfsFile``,
+  ``deletedFile``, ``deletedFolder``); each commit gets a new commit id, which resolve and repo
+  info then serve (``snapshot_download`` and ``hf_hub_download`` read what was uploaded).
+
+Faults for tests: ``fail(...)`` answers matching requests (any method, uploads too) with a status
+(429, 500...) a number of times; ``drop(...)`` sends headers and only part of a body, then closes
+the connection (for a PUT or POST: reads the request, then hangs up without an answer); ``hold(...)``
 keeps a file's download waiting until the test lets it go. Speed:
 ``rate`` caps each response's body, ``link_rate`` all of them together (one link, shared by
 every connection, as a machine's network is). Every request is logged in ``requests`` so tests
-can assert what the client fetched; with ``log_file``, also as one JSON line per request once its
-body has gone out (client address, method, path, Range header, status, body bytes sent), for a
-test whose server runs in another process or on another (lab) machine.
+can assert what the client fetched or sent (``downloads()``, ``uploads()``, ``commits()``); with
+``log_file``, also as one JSON line per request once its body has gone out (client address, method,
+path, Range header, status, body bytes sent), for a test whose server runs in another process or on
+another (lab) machine.
 
 Run alone to try ``make tokenize`` against it: ``python tests/hubserver.py ROOT --repo R``
-(``--host``/``--port`` to listen elsewhere than 127.0.0.1, ``--log FILE`` for the JSON lines).
+(``--host``/``--port`` to listen elsewhere than 127.0.0.1, ``--log FILE`` for the JSON lines); with
+``--token TOKEN=USER`` (and ``HF_HUB_DISABLE_XET=1`` on the client) ``export --to hf://`` too.
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
+import os
 import re
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,7 +61,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-LFS_SUFFIXES = (".parquet",)
+LFS_SUFFIXES = (".parquet", ".bin", ".npy", ".idx")
+"""Stored as LFS, as the Hub's default ``.gitattributes`` says (``*.parquet``, ``*.bin``, ``*.npy``...)."""
 LINK_BURST = 0.05
 """Seconds of ``link_rate`` a sender may catch up after waking late: one chunk of ``_trickle``."""
 
@@ -52,6 +77,8 @@ class Fault:
     drop_after: int | None = None
     ranged: bool | None = None
     """True: only GETs of a closed byte range (a footer read); False: all others; None: any."""
+    after: int = 0
+    """Matching requests let through first (e.g. the first commit of an upload)."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +98,19 @@ class HubServer:
 
     def __init__(self, root: Path, *, repo: str = "HuggingFaceFW/fineweb", commit: str | None = None,
                  page_size: int | None = None, branches: tuple[str, ...] = ("main",), list_subfolders: bool = True,
-                 link_rate: int | None = None, host: str = "127.0.0.1", port: int = 0, log_file: Path | None = None):
+                 link_rate: int | None = None, host: str = "127.0.0.1", port: int = 0, log_file: Path | None = None,
+                 tokens: dict[str, str] | None = None, exists: bool = True):
         self.root = Path(root)
         self.host, self.port = host, port
         self.log_file = Path(log_file) if log_file else None
         """One JSON line per request (a ``Logged``), appended once the body went out."""
         self.repo = repo
+        self.tokens = dict(tokens or {})
+        """Token → user name; a user may write to repos of its own namespace."""
+        self.exists = exists
+        """False: the repo answers 404 until ``POST /api/repos/create`` makes it (then empty)."""
+        self._objects = Path(tempfile.mkdtemp(prefix="hubserver-lfs-"))
+        """LFS objects received (``PUT``), by sha256, committed or not: the Hub keeps them too."""
         self.commit = commit or hashlib.sha1(f"{repo}@{time.time_ns()}".encode()).hexdigest()
         self.page_size = page_size
         self.branches = branches
@@ -88,6 +122,8 @@ class HubServer:
         """Bytes per second for all file bodies together (None: no cap): first come, first served."""
         self._link_free = 0.0
         self.requests: list[Logged] = []
+        self.committed: list[list[str]] = []
+        """The paths each successful commit added or removed, in order."""
         self._faults: list[Fault] = []
         self._holds: list[tuple[re.Pattern, threading.Event, float]] = []
         self._lock = threading.Lock()
@@ -109,6 +145,7 @@ class HubServer:
             self._httpd.server_close()
             self._thread.join()
             self._httpd = None
+        shutil.rmtree(self._objects, ignore_errors=True)
 
     def __enter__(self) -> "HubServer":
         return self.start()
@@ -123,17 +160,19 @@ class HubServer:
 
     # -- test controls --
     def fail(self, path_regex: str, *, status: int, times: int = 1, method: str | None = None,
-             headers: dict | None = None, ranged: bool | None = None) -> None:
-        """Answer the next ``times`` matching requests with ``status`` (e.g. 429 with Retry-After);
-        ``ranged``: only footer-style reads of a closed range (True), or only the others (False)."""
+             headers: dict | None = None, ranged: bool | None = None, after: int = 0) -> None:
+        """Answer the next ``times`` matching requests with ``status`` (e.g. 429 with Retry-After),
+        once ``after`` of them have passed; ``ranged``: only footer-style reads of a closed range
+        (True), or only the others (False)."""
         with self._lock:
             self._faults.append(Fault(re.compile(path_regex), method, times, status=status, headers=headers or {},
-                                      ranged=ranged))
+                                      ranged=ranged, after=after))
 
-    def drop(self, path_regex: str, *, after_bytes: int, times: int = 1) -> None:
-        """For the next ``times`` matching GETs, send the headers and ``after_bytes`` of the body, then hang up."""
+    def drop(self, path_regex: str, *, after_bytes: int = 0, times: int = 1, method: str = "GET") -> None:
+        """For the next ``times`` matching GETs, send the headers and ``after_bytes`` of the body, then
+        hang up; for a PUT or POST, read the request and hang up without an answer."""
         with self._lock:
-            self._faults.append(Fault(re.compile(path_regex), "GET", times, drop_after=after_bytes))
+            self._faults.append(Fault(re.compile(path_regex), method, times, drop_after=after_bytes))
 
     def hold(self, path_regex: str, *, timeout: float = 60.0) -> threading.Event:
         """Keep downloads of matching paths (GETs to a file's end; HEADs and footer reads pass)
@@ -169,6 +208,14 @@ class HubServer:
         """Successful GETs of a closed byte range (``Range: bytes=A-B``), e.g. a parquet footer."""
         return [r for r in self._bodies(path) if _closed_range(r.range)]
 
+    def uploads(self) -> list[Logged]:
+        """Successful LFS object uploads (``PUT /lfs-upload/REPO/OID``)."""
+        return [r for r in self.requests if r.method == "PUT" and r.path.startswith("/lfs-upload/") and r.status == 200]
+
+    def commits(self) -> list[Logged]:
+        """Successful commits (``POST /api/datasets/REPO/commit/REV``)."""
+        return [r for r in self.requests if r.method == "POST" and "/commit/" in r.path and r.status == 200]
+
     def _bodies(self, path: str | None) -> list[Logged]:
         return [r for r in self.requests if r.method == "GET" and "/resolve/" in r.path and r.status in (200, 206)
                 and (path is None or r.path.endswith("/" + quote(path)))]
@@ -190,13 +237,72 @@ class HubServer:
                 if fault.ranged is not None and fault.ranged != _closed_range(range_header):
                     continue
                 if fault.times > 0 and (fault.method in (None, method)) and fault.pattern.search(path):
+                    if fault.after > 0:
+                        fault.after -= 1
+                        continue
                     fault.times -= 1
                     return fault
         return None
 
     # -- the repo --
     def files(self) -> list[str]:
+        if not self.exists:
+            return []
         return sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file())
+
+    def user(self, authorization: str | None) -> str | None:
+        """The user a ``Bearer`` token belongs to; None for none or an unknown one."""
+        if not authorization or not authorization.startswith("Bearer "):
+            return None
+        return self.tokens.get(authorization[len("Bearer "):].strip())
+
+    def may_write(self, user: str, repo: str) -> bool:
+        return repo.split("/")[0] == user
+
+    def remote_oid(self, path: str) -> str | None:
+        """What preupload reports of the file at ``path``: sha256 for LFS, git blob sha1, or None."""
+        if path not in self.files():
+            return None
+        e = self.entry(path)
+        return e["lfs"]["oid"] if "lfs" in e else e["oid"]
+
+    def signature(self, oid: str) -> str:
+        """What makes an upload URL presigned: only the batch API hands it out."""
+        return hashlib.sha256(f"{self.repo}:{oid}:{id(self)}".encode()).hexdigest()[:16]
+
+    def has_object(self, oid: str, size: int) -> bool:
+        f = self._objects / oid
+        return f.is_file() and f.stat().st_size == size
+
+    def apply_commit(self, lines: list[dict]) -> str | None:
+        """Apply an NDJSON commit's operations; a new commit id, or the reason it is refused."""
+        with self._lock:
+            for item in lines[1:]:
+                if item.get("key") == "lfsFile":
+                    v = item["value"]
+                    if not (self._objects / v["oid"]).is_file():
+                        return f"LFS object {v['oid']} of {v['path']} was never uploaded"
+                elif item.get("key") in ("deletedFile", "deletedFolder"):
+                    if not (self.root / item["value"]["path"]).exists():
+                        return f"A file with this name doesn't exist: {item['value']['path']}"
+            for item in lines[1:]:
+                key, v = item.get("key"), item.get("value", {})
+                target = self.root / v.get("path", "")
+                if key in ("file", "lfsFile"):
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = target.with_name(target.name + ".hubserver-tmp")
+                    if key == "file":
+                        tmp.write_bytes(base64.b64decode(v["content"]))
+                    else:
+                        shutil.copyfile(self._objects / v["oid"], tmp)
+                    os.replace(tmp, target)
+                elif key == "deletedFile":
+                    target.unlink()
+                elif key == "deletedFolder":
+                    shutil.rmtree(target)
+            self.commit = hashlib.sha1(f"{self.repo}@{self.commit}@{time.time_ns()}".encode()).hexdigest()
+            self.committed.append([item["value"]["path"] for item in lines[1:]])
+            return None
 
     def entry(self, path: str) -> dict:
         data = (self.root / path).read_bytes()
@@ -269,11 +375,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _error(self, status: int, code: str, message: str, *, head: bool = False) -> None:
         body = json.dumps({"error": message}).encode()
-        self._send(status, body, {"Content-Type": "application/json", "X-Error-Code": code, "X-Error-Message": message},
-                   head=head)
+        headers = {"Content-Type": "application/json", "X-Error-Message": message}
+        if code:
+            headers["X-Error-Code"] = code
+        self._send(status, body, headers, head=head)
 
     def do_GET(self) -> None:
         self._dispatch(head=False)
+
+    def do_POST(self) -> None:
+        self._write()
+
+    def do_PUT(self) -> None:
+        self._write()
 
     def do_HEAD(self) -> None:
         self._dispatch(head=True)
@@ -289,7 +403,13 @@ class _Handler(BaseHTTPRequestHandler):
         query = parse_qs(url.query)
         api = f"/api/datasets/{hub.repo}"
         resolve = f"/datasets/{hub.repo}/resolve/"
-        if path.startswith("/api/datasets/") and not path.startswith(api + "/") and path != api:
+        if path == "/api/whoami-v2":
+            self._whoami()
+        elif path.startswith(api + "/auth-check"):
+            self._auth_check(write=path.endswith("/write"))
+        elif not hub.exists and (path == api or path.startswith((api + "/", resolve))):
+            self._error(404, "RepoNotFound", "Repository not found", head=head)
+        elif path.startswith("/api/datasets/") and not path.startswith(api + "/") and path != api:
             self._error(404, "RepoNotFound", "Repository not found", head=head)
         elif path == api or path.startswith(api + "/revision/"):
             rev = path[len(api + "/revision/"):] if path != api else "main"
@@ -320,6 +440,194 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, "RepoNotFound", "Repository not found", head=head)
         else:
             self._send(404, b"not found", head=head)
+
+    # -- writes --
+    def _write(self) -> None:
+        """POST and PUT: faults first (after reading the request, as a server would), then the route."""
+        hub = self.hub
+        fault = hub._take_fault(self.command, self.path)
+        path = unquote(urlsplit(self.path).path)
+        api = f"/api/datasets/{hub.repo}"
+        if path.startswith("/lfs-upload/"):
+            body = None  # streamed to disk below
+        else:
+            body = self._body()
+        if fault is not None:
+            if body is None:
+                self._drain()
+            if fault.status is not None:
+                self._send(fault.status, b"injected fault", {"Content-Type": "text/plain", **fault.headers})
+            else:
+                self._hang_up()
+            return
+        if path == "/api/validate-yaml":
+            self._json(200, {"warnings": []})
+            return
+        if path == "/api/repos/create":
+            self._create_repo(json.loads(body or b"{}"))
+            return
+        if path.startswith(f"/lfs-upload/{hub.repo}/"):  # a presigned URL, as the Hub's are: no token
+            oid = path.rsplit("/", 1)[1]
+            if parse_qs(urlsplit(self.path).query).get("sig") != [hub.signature(oid)]:
+                self._drain()
+                self._error(403, "", "bad signature")
+            else:
+                self._lfs_put(oid)
+            return
+        user = hub.user(self.headers.get("Authorization"))
+        if user is None:
+            if body is None:
+                self._drain()
+            self._error(401, "", "Invalid username or password.")
+            return
+        repo = hub.repo if path.startswith((api + "/", f"/datasets/{hub.repo}.git/", f"/lfs-verify/{hub.repo}")) else None
+        if repo is None or not hub.exists:
+            self._error(404, "RepoNotFound", "Repository not found")
+            return
+        if not hub.may_write(user, repo):
+            self._error(403, "", f"You don't have the rights to write to {repo}")
+            return
+        if path.startswith(api + "/preupload/"):
+            self._preupload(json.loads(body))
+        elif path == f"/datasets/{hub.repo}.git/info/lfs/objects/batch":
+            self._lfs_batch(json.loads(body))
+        elif path == f"/lfs-verify/{hub.repo}":
+            v = json.loads(body)
+            if hub.has_object(v["oid"], v["size"]):
+                self._json(200, {"success": True})
+            else:
+                self._error(404, "", f"object {v['oid']} not found")
+        elif path.startswith(api + "/commit/"):
+            self._commit(body)
+        else:
+            self._error(404, "", f"no such endpoint: {self.command} {path}")
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            return b"".join(self._chunks())
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _chunks(self):
+        """The pieces of a ``Transfer-Encoding: chunked`` request body, as they arrive."""
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                return
+            yield self.rfile.read(size)
+            self.rfile.readline()
+
+    def _stream_body(self):
+        """The request body in pieces of at most 1 MiB: an upload is never held whole."""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            yield from self._chunks()
+            return
+        left = int(self.headers.get("Content-Length") or 0)
+        while left > 0:
+            piece = self.rfile.read(min(left, 2**20))
+            if not piece:
+                raise ConnectionError("request body ended early")
+            left -= len(piece)
+            yield piece
+
+    def _drain(self) -> None:
+        for _ in self._stream_body():
+            pass
+
+    def _hang_up(self) -> None:
+        self.hub.requests.append(Logged(self.command, self.path, None, 0))
+        self.close_connection = True
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _whoami(self) -> None:
+        user = self.hub.user(self.headers.get("Authorization"))
+        if user is None:
+            self._error(401, "", "Invalid credentials in Authorization header")
+            return
+        self._json(200, {"type": "user", "name": user, "orgs": [],
+                         "auth": {"type": "access_token", "accessToken": {"displayName": "test", "role": "write"}}})
+
+    def _auth_check(self, *, write: bool) -> None:
+        hub = self.hub
+        user = hub.user(self.headers.get("Authorization"))
+        if not hub.exists:
+            self._error(404, "RepoNotFound", "Repository not found")
+        elif write and user is None:
+            self._error(401, "", "Invalid username or password.")
+        elif write and not hub.may_write(user, hub.repo):
+            self._error(403, "", f"You don't have the rights to write to {hub.repo}")
+        else:
+            self._json(200, {})
+
+    def _create_repo(self, payload: dict) -> None:
+        hub = self.hub
+        user = hub.user(self.headers.get("Authorization"))
+        repo = f"{payload.get('organization') or user}/{payload.get('name')}"
+        if user is None:
+            self._error(401, "", "Invalid username or password.")
+        elif not hub.may_write(user, repo):
+            self._error(403, "", f"You don't have the rights to create a repo in {repo.split('/')[0]}")
+        elif repo != hub.repo or payload.get("type") != "dataset":
+            self._error(400, "", f"this stand-in serves only dataset {hub.repo}")
+        elif hub.exists:
+            self._error(409, "", "You already created this dataset repo")
+        else:
+            hub.exists = True
+            self._json(200, {"url": f"{hub.url}/datasets/{repo}", "name": repo, "id": repo})
+
+    def _preupload(self, payload: dict) -> None:
+        files = [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular",
+                  "shouldIgnore": False, "oid": self.hub.remote_oid(f["path"])} for f in payload["files"]]
+        self._json(200, {"files": files, "commitOid": self.hub.commit})
+
+    def _lfs_batch(self, payload: dict) -> None:
+        hub = self.hub
+        objects = []
+        for o in payload["objects"]:
+            entry = {"oid": o["oid"], "size": o["size"], "authenticated": True}
+            if not hub.has_object(o["oid"], o["size"]):
+                entry["actions"] = {"upload": {"href": f"{hub.url}/lfs-upload/{hub.repo}/{o['oid']}?sig={hub.signature(o['oid'])}"},
+                                    "verify": {"href": f"{hub.url}/lfs-verify/{hub.repo}"}}
+            objects.append(entry)
+        self._send(200, json.dumps({"transfer": "basic", "objects": objects}).encode(),
+                   {"Content-Type": "application/vnd.git-lfs+json"})
+
+    def _lfs_put(self, oid: str) -> None:
+        hub = self.hub
+        tmp = hub._objects / f"{oid}.{threading.get_ident()}.part"
+        digest = hashlib.sha256()
+        try:
+            with open(tmp, "wb") as f:
+                for piece in self._stream_body():
+                    digest.update(piece)
+                    f.write(piece)
+        except (ConnectionError, OSError):
+            tmp.unlink(missing_ok=True)
+            self.close_connection = True
+            return
+        if digest.hexdigest() != oid:
+            tmp.unlink()
+            self._error(400, "", f"sha256 of the body is {digest.hexdigest()}, not {oid}")
+            return
+        os.replace(tmp, hub._objects / oid)
+        self._send(200, b"", {"ETag": f'"{oid}"'})
+
+    def _commit(self, body: bytes) -> None:
+        hub = self.hub
+        lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+        if not lines or lines[0].get("key") != "header":
+            self._error(400, "", "the commit's first line must be its header")
+            return
+        problem = hub.apply_commit(lines)
+        if problem is not None:
+            self._error(404 if "doesn't exist" in problem else 422, "", problem)
+            return
+        self._json(200, {"commitUrl": f"{hub.url}/datasets/{hub.repo}/commit/{hub.commit}", "commitOid": hub.commit,
+                         "pullRequestUrl": None, "success": True})
 
     def _known_revision(self, rev: str) -> bool:
         return rev in self.hub.branches or rev == self.hub.commit
@@ -424,9 +732,11 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
     p.add_argument("--log", type=Path, metavar="FILE", help="append one JSON line per request to FILE")
+    p.add_argument("--token", action="append", default=[], metavar="TOKEN=USER",
+                   help="a token that may write to USER's repos (repeatable)")
     a = p.parse_args()
     with HubServer(Path(a.root), repo=a.repo, page_size=a.page_size, link_rate=int(a.rate * 1e6) if a.rate else None,
-                   host=a.host, port=a.port, log_file=a.log) as hub:
+                   host=a.host, port=a.port, log_file=a.log, tokens=dict(t.split("=", 1) for t in a.token)) as hub:
         print(f"HF_ENDPOINT={hub.url}  (repo {hub.repo}, commit {hub.commit}); Ctrl-C stops", flush=True)
         try:
             while True:

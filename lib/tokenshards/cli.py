@@ -248,7 +248,13 @@ def _add_export(sub) -> None:
                    help="llmc: llm.c .bin shards (GPT-2 layout, also read by modded-nanogpt; vocabularies over "
                         "65,536 ids get llm.c's llama-3 layout, which only llm.c's train_llama3.py reads); "
                         "npy: build-nanogpt .npy shards; nanogpt: train.bin/val.bin; megatron: Megatron-LM .bin/.idx")
-    p.add_argument("--to", required=True, metavar="DEST", help="folder or s3://bucket/prefix for the files")
+    p.add_argument("--to", required=True, metavar="DEST",
+                   help="folder, s3://bucket/prefix, or hf://datasets/ORG/NAME[/DIR] (a Hub dataset repo: exported into "
+                        "--staging, then uploaded with a dataset card; HF_TOKEN or `hf auth login`)")
+    p.add_argument("--staging", metavar="DIR", help="with hf://: local folder the export is written to before upload "
+                   "(default HF_HOME/tokenshards/publish/...; on several machines, one every worker sees)")
+    p.add_argument("--create-repo", action="store_true", help="with hf://: create the dataset repo when it does not exist")
+    p.add_argument("--private", action="store_true", help="with --create-repo: make the new repo private")
     p.add_argument("--shard-tokens", type=int, metavar="N", help="tokens per shard, llmc and npy (default 100,000,000)")
     p.add_argument("--min-shard-tokens", type=int, metavar="N",
                    help="llmc and npy: a last shard under N tokens joins the one before it (default 1%% of --shard-tokens; "
@@ -279,6 +285,13 @@ def _run_export(args) -> int:
                           overwrite=args.overwrite, shuffle=args.shuffle, seed=args.seed,
                           weights=tuple(args.weights) if args.weights is not None else None, tokens=args.tokens,
                           **given, **_run_options(args))
+    if args.to.startswith("hf://"):
+        from .export.publish import PublishConfig, run_publish
+
+        return _print_lines(run_publish(PublishConfig(export=config, staging=args.staging, create_repo=args.create_repo,
+                                                      private=args.private), announce=_say))
+    if args.staging or args.create_repo or args.private:
+        raise UserError("--staging, --create-repo and --private apply to --to hf://datasets/ORG/NAME[/DIR] only")
     return _print_lines(run_export(config, announce=_say))
 
 

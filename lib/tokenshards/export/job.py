@@ -157,6 +157,10 @@ class ExportSummary:
 
 def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print) -> ExportSummary:
     """Run the whole export; raises ``UserError`` for anything the user can fix."""
+    if config.to.startswith("hf://"):  # a Hub dataset repo: export into staging, then upload (publish.py)
+        from .publish import PublishConfig, run_publish
+
+        return run_publish(PublishConfig(export=config), announce=announce)
     if config.shuffled:
         from .shuffle import run_shuffled_export
 
