@@ -203,3 +203,20 @@ def test_a_cancelled_worker_job_does_not_spoil_the_run(slurm, demo, tmp_path, gp
     assert code == 0, stderr
     assert "done: 2,496 documents" in stdout
     assert assert_exact(out, inputs, gpt2) == 2496
+
+
+def test_a_job_sbatch_rejects_is_a_one_line_error(slurm, demo, tmp_path):
+    """dask-jobqueue submits in the background; a job sbatch refuses would leave the run waiting
+    for workers forever. tokenshards asks `sbatch --test-only` first and says what SLURM said."""
+    inputs = corpus(tmp_path, demo)
+    started = time.monotonic()
+    run = Run(tokenize_command(inputs, tmp_path / "out", slurm_config(tmp_path, slurm, queue="nosuchpartition")),
+              slurm, tmp_path, "run")
+    code = run.wait(timeout=60)
+    stdout, stderr = run.output
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    assert re.search(r"tokenshards: error: cluster config \S+slurm\.yaml: SLURM would not accept the worker job "
+                     r"\(sbatch: error: invalid partition specified: nosuchpartition.*\); check options\.queue", stderr), stderr
+    assert time.monotonic() - started < 30
+    assert slurm.jobs() == []

@@ -14,6 +14,8 @@ import importlib
 import inspect
 import logging
 import os
+import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -223,6 +225,31 @@ def slurm_cluster(config: ClusterConfig):
         raise UserError(f"cluster config {config.path}: dask-jobqueue rejected the options: {e}") from e
 
 
+def check_slurm_job(cluster, config: ClusterConfig) -> None:
+    """Ask sbatch whether it would run the worker job (``sbatch --test-only``: nothing is submitted).
+
+    dask-jobqueue submits in the background: a job sbatch rejects (unknown partition, more CPUs or
+    memory than a node has, no sbatch here) is only a traceback in the log, and the run then waits
+    for workers forever."""
+    extra = [str(a) for a in config.settings["options"].get("submit_command_extra") or []]
+    with tempfile.TemporaryDirectory(prefix="tokenshards-slurm-") as folder:
+        script = os.path.join(folder, "worker-job.sh")
+        with open(script, "w", encoding="utf-8") as f:
+            f.write(cluster.job_script())
+        try:
+            proc = subprocess.run(["sbatch", *extra, "--test-only", script], capture_output=True, text=True, timeout=60)
+        except FileNotFoundError as e:
+            raise UserError(f"cluster config {config.path} (kind: slurm): sbatch not found on PATH; run tokenshards "
+                            "where SLURM's commands work (e.g. a login node)") from e
+        except subprocess.TimeoutExpired as e:
+            raise UserError(f"cluster config {config.path}: `sbatch --test-only` gave no answer within 60 s; "
+                            "is slurmctld reachable (try `sinfo`)?") from e
+    if proc.returncode != 0:
+        said = "; ".join(line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip())
+        raise UserError(f"cluster config {config.path}: SLURM would not accept the worker job ({said}); check "
+                        "options.queue, cores, memory and walltime against `sinfo`")
+
+
 def kubernetes_spec(config: ClusterConfig) -> dict:
     """The ``DaskCluster`` resource the dask-kubernetes operator gets, built without a cluster.
 
@@ -331,6 +358,8 @@ def _backend_client(config: ClusterConfig, *, announce: Callable[[str], None]) -
         raise UserError(f"cluster config {config.path}: could not start the {config.kind} cluster: "
                         f"{type(e).__name__}: {e}") from e
     with cluster, Client(cluster) as client:
+        if config.kind == "slurm":
+            check_slurm_job(cluster, config)
         if config.kind == "slurm" and config.workers:
             cluster.scale(n=config.workers)
         announce(f"dashboard: {client.dashboard_link}  ({config.kind} cluster from {config.path}"
