@@ -220,3 +220,53 @@ def test_a_job_sbatch_rejects_is_a_one_line_error(slurm, demo, tmp_path):
                      r"\(sbatch: error: invalid partition specified: nosuchpartition.*\); check options\.queue", stderr), stderr
     assert time.monotonic() - started < 30
     assert slurm.jobs() == []
+
+
+def test_jobs_that_cannot_start_the_worker_stop_the_run(slurm, demo, tmp_path):
+    """The nodes lack the Python environment: both jobs fail at once. Instead of waiting for
+    workers forever, the run stops with what happened and what the nodes need."""
+    inputs = corpus(tmp_path, demo)
+    missing = tmp_path / "not-on-the-nodes" / "python"
+    run = Run(tokenize_command(inputs, tmp_path / "out", slurm_config(tmp_path, slurm, python=str(missing))),
+              slurm, tmp_path, "run")
+    code = run.wait(timeout=90)
+    stdout, stderr = run.output
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    assert re.search(r"tokenshards: error: every SLURM job of this run has ended \(\d+ FAILED, \d+ FAILED\) and "
+                     r"dask-jobqueue does not submit them again; no worker ever connected: the nodes could not start "
+                     r"Dask's worker; they need this Python environment \(options\.python, or options\.job_script_prologue "
+                     rf"to activate it\); see the jobs' output in {re.escape(str(tmp_path))}/job-logs\. "
+                     r"Committed partitions are kept", stderr), stderr
+    logs = "".join(p.read_text() for p in (tmp_path / "job-logs").glob("*.err"))
+    assert f"{missing}: No such file or directory" in logs
+
+
+def test_when_every_worker_job_is_cancelled_the_run_stops_and_the_same_command_resumes(slurm, demo, tmp_path, gpt2):
+    """scancel of both worker jobs mid-run: no worker is left and dask-jobqueue submits none again;
+    the run stops with the reason instead of waiting forever, and the same command resumes."""
+    inputs = corpus(tmp_path, demo, copies=2)  # 312 partitions
+    out = tmp_path / "out"
+    command = tokenize_command(inputs, out, slurm_config(tmp_path, slurm))
+    run = Run(command, slurm, tmp_path, "run")
+    deadline = time.monotonic() + 120
+    while not any((out / "parts").glob("*.done.json")):
+        assert run.proc.poll() is None and time.monotonic() < deadline, run.output
+        time.sleep(0.1)
+    slurm.run("scancel", *[job["id"] for job in slurm.jobs()])
+    code = run.wait(timeout=120)
+    stdout, stderr = run.output
+    assert code == 2, stderr
+    assert re.search(r"tokenshards: error: every SLURM job of this run has ended \(\d+ CANCELLED, \d+ CANCELLED\) .*; "
+                     r"their workers are gone \(cancelled, out of options\.walltime, or a node failed\); .* Committed "
+                     r"partitions are kept: rerun the same command to resume", stderr), stderr
+    assert not (out / "manifest.json").exists()
+    committed = len(list((out / "parts").glob("*.done.json")))
+    assert 0 < committed < 312
+
+    rerun = Run(command, slurm, tmp_path, "rerun")
+    code = rerun.wait()
+    stdout, stderr = rerun.output
+    assert code == 0, stderr
+    assert f"312 partitions ({committed} already committed)" in stdout
+    assert assert_exact(out, inputs, gpt2) == 1248
