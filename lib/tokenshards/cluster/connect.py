@@ -298,7 +298,9 @@ class SlurmJobsWatch:
                     seen.append(job.job_id)
             try:
                 workers = self.client.scheduler_info(n_workers=-1)["workers"]
-                joined = joined or bool(workers)
+                # A worker may come and go between two checks: the scheduler's event log has it.
+                joined = joined or bool(workers) or any(
+                    isinstance(msg, dict) and msg.get("action") == "add-worker" for _, msg in self.client.get_events("all"))
                 states = slurm_job_states(seen) if seen and not workers else {}
             except Exception:  # squeue or the scheduler did not answer this time: ask again later
                 strikes = 0
