@@ -181,8 +181,8 @@ class SlurmLab:
             for name, proc in self.daemons.items():
                 if proc.poll() is not None:
                     out = (self.folder / "log" / f"{name}.out").read_text(errors="replace").strip().splitlines()
-                    raise SlurmUnavailable(f"{name} exited with {proc.returncode} while waiting for {what}: "
-                                           + " | ".join((out or [self.log(name)])[-5:]))
+                    said = " | ".join(out[-5:]) or self.log(name, 5) or "(it printed nothing)"
+                    raise SlurmUnavailable(f"{name} exited with {proc.returncode} while waiting for {what}: {said}")
             try:
                 if ready():
                     return

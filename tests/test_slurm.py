@@ -71,7 +71,8 @@ def slurm_config(tmp_path: Path, lab, **changes) -> Path:
     shipped = set(raw["options"])
     raw["workers"] = 2
     raw["options"].update({
-        "queue": lab.partition, "cores": 1, "processes": 1, "memory": "1GB", "walltime": "00:10:00",
+        "queue": lab.partition, "cores": 1, "processes": 1, "walltime": "00:10:00",
+        "memory": "1GB" if lab.memory_mb >= 1024 else f"{lab.memory_mb // 2}MB",  # what sbatch --mem may ask of the node
         "python": sys.executable, "job_script_prologue": [f"export PYTHONPATH={LIB}"],
         "local_directory": str(tmp_path / "worker-space"), "log_directory": str(tmp_path / "job-logs"),
         "scheduler_options": {"dashboard_address": "127.0.0.1:0"},
@@ -170,7 +171,7 @@ def test_tokenize_runs_in_slurm_batch_jobs(slurm, demo, tmp_path, gpt2):
 def test_a_cancelled_worker_job_does_not_spoil_the_run(slurm, demo, tmp_path, gpt2):
     """scancel of one of the two worker jobs while partitions are being committed: its tasks
     go to the other worker (or, if the run fails, the same command resumes); the output is exact."""
-    inputs = corpus(tmp_path, demo, copies=4)  # 624 small partitions: ~15 s on one worker
+    inputs = corpus(tmp_path, demo, copies=3)  # 468 small partitions: ~10 s on one worker
     out = tmp_path / "out"
     command = tokenize_command(inputs, out, slurm_config(tmp_path, slurm))
     run = Run(command, slurm, tmp_path, "run")
@@ -185,6 +186,7 @@ def test_a_cancelled_worker_job_does_not_spoil_the_run(slurm, demo, tmp_path, gp
     victim = joined[0]["id"]
     slurm.run("scancel", victim)
     while any(job["id"] == victim and job["state"] == "RUNNING" for job in slurm.jobs()):
+        assert time.monotonic() < deadline, f"job {victim} still running after scancel"
         time.sleep(0.1)
     # The job was gone while the run still had work: it had not committed its manifest.
     assert run.proc.poll() is None and not (out / "manifest.json").exists()
@@ -192,17 +194,17 @@ def test_a_cancelled_worker_job_does_not_spoil_the_run(slurm, demo, tmp_path, gp
     code = run.wait()
     stdout, stderr = run.output
     assert "CANCELLED AT" in job_log(tmp_path, victim)
-    assert committed_then < 624
+    assert committed_then < 468
     if code != 0:  # the run gave up: the same command resumes from the committed partitions
         rerun = Run(command, slurm, tmp_path, "rerun")
         code = rerun.wait()
         stdout, stderr = rerun.output
         assert code == 0, stderr
-        resumed = re.search(r"624 partitions \((\d+) already committed\)", stdout)
+        resumed = re.search(r"468 partitions \((\d+) already committed\)", stdout)
         assert resumed and int(resumed.group(1)) >= committed_then, stdout
     assert code == 0, stderr
-    assert "done: 2,496 documents" in stdout
-    assert assert_exact(out, inputs, gpt2) == 2496
+    assert "done: 1,872 documents" in stdout
+    assert assert_exact(out, inputs, gpt2) == 1872
 
 
 def test_a_job_sbatch_rejects_is_a_one_line_error(slurm, demo, tmp_path):
