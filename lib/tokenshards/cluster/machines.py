@@ -173,6 +173,9 @@ def blind_machines(client, uses: Iterable[PathUse]) -> dict[PathUse, list[str]]:
     uses = local_uses(uses)
     if not uses:
         return {}
+    # A cluster still starting (SLURM jobs in the queue) is checked on its first worker: the job
+    # waits for one anyway. Later ones are not; tokenize checks its parts before committing.
+    client.wait_for_workers(1)
     machines = other_machines(client)
     if not machines:
         return {}
