@@ -21,12 +21,12 @@ from .fetch import fetch_file
 from .fetcher import OVERLAP_DOWNLOADS, Fetcher, arrivals, download, prepare_download
 from .footer import FOOTER_TAIL, downloaded_identity, read_footer
 from .listing import HubFile, HubListing, list_files
-from .workerfs import PROTOCOL, HubCacheFileSystem, HubFetchPlugin, cache_uri, parse_cache_uri, prepare_workers
+from .workerfs import PROTOCOL, HubCacheFileSystem, HubFetchPlugin, cache_uri, parse_cache_uri, reference_identity
 
 __all__ = [
     "FETCH_MODES", "SAMPLE_DIR", "HubDataset", "folder_size", "size_folder",
     "check_disk", "free_bytes", "is_present", "local_path", "local_sources", "remember_revision",
     "fetch_file", "OVERLAP_DOWNLOADS", "Fetcher", "arrivals", "download", "prepare_download",
     "FOOTER_TAIL", "downloaded_identity", "read_footer", "HubFile", "HubListing", "list_files",
-    "PROTOCOL", "HubCacheFileSystem", "HubFetchPlugin", "cache_uri", "parse_cache_uri", "prepare_workers",
+    "PROTOCOL", "HubCacheFileSystem", "HubFetchPlugin", "cache_uri", "parse_cache_uri", "reference_identity",
 ]

@@ -6,20 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import re
-from typing import Callable
 
 import fsspec
 from distributed import WorkerPlugin
 from fsspec import AbstractFileSystem
-from huggingface_hub import constants
+from fsspec.implementations.local import LocalFileSystem
 
-from ...cluster.progress import human
 from ...errors import UserError
 from ..hubspec import HubDataset
-from ..sources import Source
-from .cache import check_disk, free_bytes
+from ..store import file_identity
 from .fetch import fetch_file
 from .listing import HubFile, HubListing
 
@@ -28,6 +24,12 @@ PROTOCOL = "hfcache"
 
 def cache_uri(repo: str, commit: str, path: str) -> str:
     return f"{PROTOCOL}://datasets/{repo}@{commit}/{path}"
+
+
+def reference_identity(f: HubFile) -> tuple[tuple[str, object], ...]:
+    """``store.file_identity`` of ``f``'s ``hfcache://`` reference on any worker, known from the
+    listing before any worker fetched it: its size and etag (see ``HubCacheFileSystem.info``)."""
+    return (("size", f.size), ("etag", f.etag))
 
 
 def parse_cache_uri(uri: str) -> tuple[str, str, str]:
@@ -67,7 +69,13 @@ class HubCacheFileSystem(AbstractFileSystem):
         return path.split("://", 1)[-1] if isinstance(path, str) else path
 
     def info(self, path, **kwargs):
-        return {"name": path, "size": os.path.getsize(self._local(path)), "type": "file"}
+        """Size, and the etag its copy here is known by (a cache blob's name, or the etag a download
+        folder's record vouches for): ``store.file_identity`` of it is ``reference_identity``."""
+        local = dict(file_identity(LocalFileSystem(), self._local(path)))
+        found = {"name": path, "size": local["size"], "type": "file"}
+        if "blob" in local:
+            found["etag"] = local["blob"]
+        return found
 
     def _open(self, path, mode="rb", **kwargs):
         if mode != "rb":
@@ -97,27 +105,3 @@ class HubFetchPlugin(WorkerPlugin):
         """Unregistered (or the worker closes): forget this listing unless another plugin replaced it."""
         if HubCacheFileSystem.datasets.get(self.key) == (self.ds, self.files):
             del HubCacheFileSystem.datasets[self.key]
-
-
-def _worker_free(path: str | None) -> tuple[str, str, int]:
-    import socket
-
-    where = path or constants.HF_HUB_CACHE
-    return socket.gethostname(), where, free_bytes(where)
-
-
-def prepare_workers(client, ds: HubDataset, listing: HubListing, *, announce: Callable[[str], None] = print) -> list[Source]:
-    """Workers mode: check each machine's disk, register the plugin, return Hub references."""
-    target = ds.download_dir or ds.cache_dir
-    by_host = {host: (where, free) for host, where, free in client.run(_worker_free, target).values()}
-    if not by_host:
-        raise UserError("no Dask worker is connected; start `dask worker SCHEDULER` first")
-    share = max(max((f.size for f in listing.files), default=0), listing.bytes // len(by_host))
-    machines = f"each of {len(by_host)} machines" if len(by_host) > 1 else "the one worker machine"
-    announce(f"{listing.describe()}: {len(listing.files)} files, {human(listing.bytes)}B; {machines} fetches the files "
-             f"of its own partitions into its cache (about {human(share)}B each)")
-    for host, (where, free) in sorted(by_host.items()):
-        check_disk(need=share, free=free, keep_free=ds.keep_free, where=f"{host}:{where}",
-                   what=f"this machine's share of {listing.describe()}")
-    client.register_plugin(HubFetchPlugin(ds, listing))
-    return [Source(url=cache_uri(listing.repo, listing.commit, f.path), name=f.path) for f in listing.files]
