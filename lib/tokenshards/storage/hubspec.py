@@ -1,5 +1,5 @@
 """Which Hub sample to fetch, and how: parsed and validated without importing huggingface_hub
-(~0.1 s), which only runs that touch the Hub need (``hub.py``)."""
+(~0.1 s), which only runs that touch the Hub need (the ``hub`` package)."""
 from __future__ import annotations
 
 import re
