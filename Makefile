@@ -10,7 +10,8 @@ WORKERS ?=
 SCHEDULER ?=
 ENCODING ?= gpt2
 DEMO_DIR ?= data/demo
-# With SIZE: where the Hub files go (default the HF cache), who fetches them (client|workers), which revision.
+# With SIZE: where the Hub files go (default the HF cache), who fetches them (auto|client|workers;
+# default auto: what fits the cluster), which revision.
 DOWNLOAD_DIR ?=
 FETCH ?=
 REVISION ?=

@@ -28,10 +28,10 @@ class DaskProcesses:
         self.scheduler: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
 
-    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], env: dict | None = None, wrap: tuple[str, ...] = ()) -> subprocess.Popen:
         # Own process group: SIGKILL takes the nanny and its worker together, like a lost machine.
         with open(self.log_dir / f"{name}.log", "wb") as log:
-            return subprocess.Popen([DASK, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            return subprocess.Popen([*wrap, DASK, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                     env={**os.environ, **(env or {})})
 
     def start_scheduler(self) -> None:
@@ -44,10 +44,12 @@ class DaskProcesses:
             time.sleep(0.1)
         raise RuntimeError(f"dask scheduler did not listen on {self.port}")
 
-    def start_worker(self, env: dict | None = None) -> subprocess.Popen:
-        """``env``: extra environment variables, e.g. a PYTHONPATH that makes this machine differ."""
+    def start_worker(self, env: dict | None = None, wrap: tuple[str, ...] = ()) -> subprocess.Popen:
+        """``env``: extra environment variables, e.g. a PYTHONPATH that makes this machine differ;
+        ``wrap``: a command the worker runs under (it ends with the worker's own command line),
+        e.g. ``unshare`` for a mount namespace of its own."""
         worker = self._spawn(f"worker{len(self.workers)}", ["worker", self.address, "--nthreads", "1",
-                                                            "--no-dashboard", "--host", "127.0.0.1"], env=env)
+                                                            "--no-dashboard", "--host", "127.0.0.1"], env=env, wrap=wrap)
         self.workers.append(worker)
         return worker
 

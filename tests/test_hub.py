@@ -503,6 +503,22 @@ def test_workers_fetch_mode_downloads_once_per_machine(server, tokenize, tmp_pat
     assert manifest["inputs"][0]["path"] == f"hfcache://datasets/{REPO}@{server.commit}/sample/10BT/000_00000.parquet"
 
 
+def test_a_workers_mode_out_an_earlier_version_made_still_resumes(server, tokenize, tmp_path):
+    """Versions before this one knew a Hub reference (``hfcache://``) by its size only: such an OUT
+    is re-claimed (its job file records the etag from now on) and resumes, fetching nothing again."""
+    ds = _dataset(server, tmp_path, fetch="workers")
+    summary, out = tokenize([], hub=ds, partition_bytes=300)
+    record = json.loads((out / JOB_FILE).read_text())
+    for i in record["inputs"]:
+        i["identity"] = {"size": i["identity"]["size"]}
+    (out / JOB_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    n = len(server.requests)
+    again, _ = tokenize([], hub=ds, partition_bytes=300)
+    assert again.skipped_partitions == again.partitions == summary.partitions
+    assert not [r for r in server.requests[n:] if "/resolve/" in r.path and r.range is None]
+    assert all(set(i["identity"]) == {"size", "etag"} for i in json.loads((out / JOB_FILE).read_text())["inputs"])
+
+
 # -- the command line, with the environment a user sets --
 
 def test_cli_tokenize_honours_hf_endpoint_and_hf_home(server, cluster, tmp_path, gpt2):

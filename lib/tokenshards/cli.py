@@ -108,9 +108,11 @@ def _add_tokenize(sub) -> None:
     _add_hub_arguments(p)
     p.add_argument("--download-dir", metavar="DIR",
                    help="with --dataset: download into DIR/sample/... (e.g. a shared filesystem) instead of the HF cache")
-    p.add_argument("--fetch", default="client", choices=["client", "workers"],
-                   help="with --dataset: this process downloads every file once, workers read them (client, default); "
-                        "or each worker machine downloads the files of its own partitions into its own cache (workers)")
+    p.add_argument("--fetch", default="auto", choices=["auto", "client", "workers"],
+                   help="with --dataset: this process downloads every file once and workers read them (client); "
+                        "or each file goes to one worker machine, which downloads it into its own cache (workers); "
+                        "default auto: client on a local cluster or when every worker sees this machine's download "
+                        "folder, else workers (one line says which and why)")
     p.set_defaults(run=_run_tokenize)
 
 
@@ -122,7 +124,7 @@ def _add_hub_arguments(p) -> None:
                    help="refuse to download when less than this much disk would stay free (default 1)")
 
 
-def _hub_dataset(args, *, download_dir: str | None, fetch: str = "client"):
+def _hub_dataset(args, *, download_dir: str | None, fetch: str = "auto"):
     """The ``--dataset/--size`` part of the command line, or None when not given."""
     from .storage.hubspec import HubDataset
 
@@ -208,8 +210,9 @@ def _add_train_bpe(sub) -> None:
     _add_input_argument(p, "parquet file, folder, glob or URL (s3://)")
     _add_hub_arguments(p)
     p.add_argument("--download-dir", metavar="DIR", help="with --dataset: download into DIR/sample/...")
-    p.add_argument("--fetch", default="client", choices=["client", "workers"],
-                   help="with --dataset: this process downloads every file, or each worker its own (as in tokenize)")
+    p.add_argument("--fetch", default="auto", choices=["auto", "client", "workers"],
+                   help="with --dataset: this process downloads every file, or each worker machine its own files, "
+                        "or (auto, default) what fits the cluster, as in tokenize")
     p.add_argument("--out", required=True, metavar="FILE.tiktoken",
                    help="ranks file to write; its sidecar FILE.tiktoken.json is written beside it")
     p.add_argument("--vocab-size", type=int, default=32768,

@@ -140,11 +140,12 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         raise UserError(f"--pattern: tiktoken cannot compile {pat_str!r} ({e}); use gpt2, cl100k or a regex it accepts") from e
     sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
-    located = corpus.locate(sources, hub=config.hub, announce=announce)
+    # Downloads first (no overlap): nothing of it runs in the background for ``close`` to stop.
+    inputs = corpus.open_inputs(sources, hub=config.hub, options=config, announce=announce)
 
     with runner.connect_to(config, announce=announce,
                            local_paths=machines.reading_inputs(config.inputs, [s.url for s in sources])) as client:
-        plan = corpus.plan(client, located, text_column=config.text_column, id_column=None,
+        plan = corpus.plan(client, inputs, text_column=config.text_column, id_column=None,
                            storage_options=config.storage_options, partition_bytes=config.partition_bytes,
                            announce=announce)
         files, pieces, sources = plan.files, plan.pieces, plan.sources

@@ -367,6 +367,14 @@ def ssh_cluster(config: ClusterConfig):
 
 # -- the client --
 
+def starts_local_cluster(*, scheduler: str | None, cluster_config: str | None, workers: int | None = None) -> bool:
+    """Whether ``connect`` with these options starts a LocalCluster here (its workers then share
+    this machine's disk): no ``--scheduler``, and no ``--cluster`` of another kind."""
+    if scheduler:
+        return False
+    return cluster_config is None or load_cluster_config(cluster_config, workers=workers).kind == "local"
+
+
 @contextlib.contextmanager
 def connect(*, workers: int | None = None, scheduler: str | None = None, dashboard_address: str = ":8787",
             announce: Callable[[str], None] = print, cluster_config: str | None = None) -> Iterator[Client]:

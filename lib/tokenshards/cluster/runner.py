@@ -4,14 +4,18 @@ Every job is a short script of its own steps around three calls: ``connect_to`` 
 the job's run options), ``submit`` (a function over work items, one task each), and
 ``each_result`` / ``gather`` (results as they finish, with progress, the Ctrl-C flag checked
 between them, every task cancelled when anything goes wrong, and a failed task turned into one
-``UserError`` line that names its item). ``reduce_tree`` combines results on the workers, so
-only the root reaches the client. Nothing here knows what a partition, chunk or file is.
+``UserError`` line that names its item). ``each_result_as_ready`` is the same loop for items
+that may not all go at once: some wait for a key (their input still arriving), some are kept in
+a ``Lane`` (one machine's workers, a few at a time). ``reduce_tree`` combines results on the
+workers, so only the root reaches the client. Nothing here knows what a partition, chunk, file
+or download is.
 """
 from __future__ import annotations
 
 import contextlib
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Iterator, Sequence, TypeVar
 
 from distributed import Client, Future, as_completed
@@ -89,32 +93,64 @@ def each_result(client: Client, futures: Sequence[Future], items: Sequence[Item]
             progress.close()
 
 
-def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable[[list[Item]], list[Future]], *,
-                         waiting_for: Callable[[Item], Hashable | None], arrivals: Iterable[Hashable],
-                         explain: Callable[[Item, Exception], UserError], progress: Progress | None = None,
-                         amount: Callable[[Item, Any], int] = lambda item, result: 0) -> Iterator[tuple[Item, Any]]:
-    """``each_result`` for work whose inputs arrive while it runs (files still downloading).
+@dataclass(frozen=True, kw_only=True)
+class Lane:
+    """Tasks kept on some workers (one machine's, say): submitted there with loose restrictions, so
+    that other workers take them only once all of these are gone, and at most ``slots`` at a time
+    (the lane's threads), so that none waits in a worker's queue, where Dask's work stealing would
+    hand it to an idle worker anywhere (distributed 2026.8 ``WorkStealing._get_thief``: a task with
+    loose restrictions goes to any idle thief when none of its own workers is idle)."""
 
-    Items whose ``waiting_for(item)`` is None are submitted at once (``submit(batch)`` returns one
-    future per item), the others in one batch when ``arrivals`` (iterated on a thread of its own:
-    it may block) yields their key. An error ``arrivals`` raises stops the job like a failed task:
-    raised here as it is, every task still pending cancelled."""
+    name: str
+    workers: tuple[str, ...]
+    """Worker addresses, or host names / IP addresses (every worker there), as ``client.submit`` takes them."""
+    slots: int
+
+    def restrictions(self) -> dict:
+        """``client.compute``/``submit`` keywords that keep a task here."""
+        return {"workers": list(self.workers), "allow_other_workers": True}
+
+
+def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable[[list[Item], Lane | None], list[Future]],
+                         *, explain: Callable[[Item, Exception], UserError],
+                         waiting_for: Callable[[Item], Hashable | None] = lambda item: None,
+                         arrivals: Iterable[Hashable] = (), lane_of: Callable[[Item], Lane | None] = lambda item: None,
+                         progress: Progress | None = None,
+                         amount: Callable[[Item, Any], int] = lambda item, result: 0) -> Iterator[tuple[Item, Any]]:
+    """``each_result`` for work whose items may not all go at once: some wait for their input to
+    arrive, some are kept in a ``Lane``.
+
+    ``submit(batch, lane)`` returns one future per item. An item whose ``waiting_for(item)`` is
+    None is ready at once, the others when ``arrivals`` (iterated on a thread of its own: it may
+    block) yields their key. Ready items go out in batches per ``lane_of(item)``: all at once for
+    None, else as the lane has free slots. An error ``arrivals`` raises stops the job like a failed
+    task: raised here as it is, every task still pending cancelled. Returns once every item is
+    done and ``arrivals`` is exhausted."""
     events: queue.Queue = queue.Queue()
-    now: list = []
+    ready: dict[Lane | None, list] = {}
     held: dict[Hashable, list] = {}
     for item in items:
         key = waiting_for(item)
-        (now if key is None else held.setdefault(key, [])).append(item)
+        if key is None:
+            ready.setdefault(lane_of(item), []).append(item)
+        else:
+            held.setdefault(key, []).append(item)
     item_of: dict = {}
+    lane_of_key: dict = {}
     live: dict = {}
+    busy: dict[Lane, int] = {}
 
-    def launch(batch: list) -> None:
-        if not batch:
-            return
-        for future, item in zip(submit(batch), batch):
-            item_of[future.key] = item
-            live[future.key] = future
-            future.add_done_callback(lambda f: events.put(("done", f)))  # called on another thread
+    def launch() -> None:
+        for lane, waiting in ready.items():
+            free = len(waiting) if lane is None else lane.slots - busy.get(lane, 0)
+            batch, waiting[:] = waiting[:max(free, 0)], waiting[max(free, 0):]
+            if not batch:
+                continue
+            if lane is not None:
+                busy[lane] = busy.get(lane, 0) + len(batch)
+            for future, item in zip(submit(batch, lane), batch):
+                item_of[future.key], lane_of_key[future.key], live[future.key] = item, lane, future
+                future.add_done_callback(lambda f: events.put(("done", f)))  # called on another thread
 
     def feed() -> None:
         try:
@@ -128,33 +164,44 @@ def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable
     threading.Thread(target=feed, name="tokenshards-arrivals", daemon=True).start()
     ended = False
     try:
-        launch(now)
+        launch()
         while live or not ended:
             try:
-                kind, value = events.get(timeout=1.0)
+                got = [events.get(timeout=1.0)]
             except queue.Empty:
                 interrupt.check()
                 continue
-            if kind == "error":
-                raise value
-            if kind == "ready":
-                launch(held.pop(value, []))
-                continue
-            if kind == "end":
-                ended = True
-                if held:
-                    raise RuntimeError(f"{len(held)} inputs never arrived: {', '.join(map(str, list(held)[:3]))}")
-                continue
-            future = live.pop(value.key, None)
-            if future is None:
-                continue
-            item = item_of[future.key]
-            result = _result(future, item, explain)
-            yield item, result
-            interrupt.check()
-            if progress is not None:
-                progress.update(amount(item, result))
-            future.release()
+            while True:  # everything that happened meanwhile, then one submission per lane
+                try:
+                    got.append(events.get_nowait())
+                except queue.Empty:
+                    break
+            for kind, value in got:
+                if kind == "error":
+                    raise value
+                if kind == "ready":
+                    for item in held.pop(value, []):
+                        ready.setdefault(lane_of(item), []).append(item)
+                    continue
+                if kind == "end":
+                    ended = True
+                    if held:
+                        raise RuntimeError(f"{len(held)} inputs never arrived: {', '.join(map(str, list(held)[:3]))}")
+                    continue
+                future = live.pop(value.key, None)
+                if future is None:
+                    continue
+                lane = lane_of_key.pop(future.key)
+                if lane is not None:
+                    busy[lane] -= 1
+                item = item_of.pop(future.key)
+                result = _result(future, item, explain)
+                yield item, result
+                interrupt.check()
+                if progress is not None:
+                    progress.update(amount(item, result))
+                future.release()
+            launch()
     except BaseException:
         client.cancel(list(live.values()))
         raise

@@ -1,5 +1,5 @@
 """Which Hub sample to fetch, and how: parsed and validated without importing huggingface_hub
-(~0.1 s), which only runs that touch the Hub need (``hub.py``)."""
+(~0.1 s), which only runs that touch the Hub need (the ``hub`` package)."""
 from __future__ import annotations
 
 import re
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 
-FETCH_MODES = ("client", "workers")
+FETCH_MODES = ("auto", "client", "workers")
 SAMPLE_DIR = "sample"
 _SIZE = re.compile(r"(\d+)\s*BT?", re.IGNORECASE)
 
@@ -19,7 +19,10 @@ class HubDataset:
     repo: str
     size: str
     revision: str = "main"
-    fetch: str = "client"
+    fetch: str = "auto"
+    """Who downloads: ``client`` (this process), ``workers`` (each machine its own files), or
+    ``auto``: client on a local cluster or when every worker sees this machine's download folder,
+    else workers (``inputs.choose``)."""
     download_dir: str | None = None
     """A plain folder holding ``sample/10BT/*.parquet`` (huggingface_hub's ``local_dir``), e.g. on a
     shared filesystem; None: huggingface_hub's cache (``cache_dir``, default HF_HUB_CACHE)."""

@@ -21,6 +21,7 @@ from ..encoding.backends import backend_version, check_request, choose
 from ..encoding.encoders import EncoderPlugin, load_encoding
 from ..errors import UserError
 from . import corpus
+from ..inputs import Inputs
 from .task import FRAME_META, PIECE_META, RESULT_META, TaskResult, TaskSettings, piece_frame, read_piece, write_frame
 from .plan import BadInput, Piece
 from . import resume
@@ -76,19 +77,20 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
     encoding_notes: list[str] = []
     loaded = load_encoding(config.encoding, announce=encoding_notes.append)
     check_request(config.backend)  # the backend itself is verified once the cluster is starting
-    # Downloads start here, in the background: they go on while the cluster starts and tokenizes.
-    located = corpus.locate(sources, hub=config.hub, announce=announce, overlap=True)
+    # On a local cluster a Hub download starts here, in the background: it goes on while the
+    # cluster starts and tokenizes (on another cluster, once the workers said what they see).
+    inputs = corpus.open_inputs(sources, hub=config.hub, options=config, announce=announce, overlap=True)
     try:
-        return _run_located(config, located, loaded, encoding_notes, report, lease, out_fs, out_root,
-                            local_paths=_local_paths(config, sources), t0=t0, announce=announce)
+        return _run_inputs(config, inputs, loaded, encoding_notes, report, lease, out_fs, out_root,
+                           local_paths=_local_paths(config, sources), t0=t0, announce=announce)
     finally:
-        located.stop()
+        inputs.close()
 
 
-def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encoding_notes: list[str], report,
-                 lease: Lease, out_fs, out_root: str, *, local_paths: list[machines.PathUse], t0: float,
-                 announce: Callable[[str], None]) -> Summary:
-    """The run once its inputs are located (some may still be downloading). ``local_paths``: what
+def _run_inputs(config: TokenizeConfig, inputs: Inputs, loaded, encoding_notes: list[str], report,
+                lease: Lease, out_fs, out_root: str, *, local_paths: list[machines.PathUse], t0: float,
+                announce: Callable[[str], None]) -> Summary:
+    """The run once its inputs are open (some may still be downloading). ``local_paths``: what
     the workers must see as this machine does, checked first thing on the cluster."""
     spec = loaded.spec
     # Before any work: workers on other machines must see the same --input files and --out folder.
@@ -98,7 +100,7 @@ def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encodi
         backend = choice.name
         for note in encoding_notes + [f"tokenizer: {choice.note}"]:
             announce(note)
-        plan = corpus.plan(client, located, text_column=config.text_column, id_column=config.id_column,
+        plan = corpus.plan(client, inputs, text_column=config.text_column, id_column=config.id_column,
                            storage_options=config.storage_options, partition_bytes=config.partition_bytes,
                            on_bad_file=config.on_bad_file, announce=announce)
         files, pieces, unreadable = plan.files, plan.pieces, list(plan.unreadable)
@@ -109,7 +111,7 @@ def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encodi
         )
         job = resume.identity_hash(identity)
         resume.claim_output(out_fs, out_root, identity, url=config.out,
-                            identity_like=lambda path, recorded: _identity_like(path, recorded, config))
+                            identity_like=lambda path, recorded: _identity_like(path, recorded, config, files))
         _clear_leftovers(out_fs, out_root)
         redo: list[str] = []
         committed = resume.committed_entries(out_fs, out_root, job=job, pieces=pieces, redo=redo)
@@ -129,7 +131,7 @@ def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encodi
         entries = dict(committed)
         started, finished = _tokenize_pending(client, pending, settings, config, entries, unreadable,
                                               already_done=len(committed), announce=announce,
-                                              located=located, arriving=plan.arriving)
+                                              inputs=inputs, arriving=plan.arriving)
 
     interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
     # A worker killed mid-write during this run left one too; every partition is committed now.
@@ -141,7 +143,7 @@ def _run_located(config: TokenizeConfig, located: corpus.Located, loaded, encodi
     unreadable = [dataclasses.replace(b, rows=rows_of[b.partition]) if b.partition is not None else b for b in unreadable]
     result = manifest.build_manifest(identity=identity, job=job, files=files, skipped=unreadable, entries=list(entries.values()),
                                      extra={"planned_partitions": len(pieces),
-                                            **({"hub": plan.listing.record()} if plan.listing is not None else {})})
+                                            **plan.record})
     manifest.write_manifest(out_fs, out_root, result)
     if config.report:
         announce(f"performance report: {config.report}")
@@ -157,8 +159,15 @@ def _local_paths(config: TokenizeConfig, sources: list) -> list[machines.PathUse
             *machines.reading_inputs(config.inputs, [s.url for s in sources])]
 
 
-def _identity_like(url: str, recorded: dict, config: TokenizeConfig) -> dict:
-    """An input's file identity now, in the terms an earlier run recorded it in (``claim_output``)."""
+def _identity_like(url: str, recorded: dict, config: TokenizeConfig, files: list) -> dict:
+    """An input's file identity now, in the terms an earlier run recorded it in (``claim_output``).
+    An input only workers open (``hfcache://``, ``--fetch workers``) has no file here: its identity
+    is what the plan knew, as far as the record goes (versions before this one recorded its size)."""
+    from ..storage.hub.workerfs import PROTOCOL
+
+    if url.startswith(f"{PROTOCOL}://"):
+        planned = next((dict(f.identity) for f in files if f.url == url), {})
+        return {k: v for k, v in planned.items() if k in recorded}
     return dict(file_identity_like(*filesystem(url, config.storage_options), recorded))
 
 
@@ -221,13 +230,14 @@ def partition_tasks(pending: list[Piece], settings: TaskSettings) -> dd.DataFram
 
 def _tokenize_pending(client: Client, pending: list[Piece], settings: TaskSettings, config: TokenizeConfig,
                       entries: dict[int, PartitionEntry], unreadable: list[BadInput], *, already_done: int,
-                      announce: Callable[[str], None], located: corpus.Located | None = None,
+                      announce: Callable[[str], None], inputs: Inputs,
                       arriving: frozenset[str] = frozenset()) -> tuple[float, float]:
     """Tokenize every pending piece; fill ``entries`` (and ``unreadable`` under --on-bad-file skip);
     return (first start, last end) times of the tasks. Pieces of an input in ``arriving`` start
-    when ``located``'s download of it is whole."""
+    when ``inputs`` says it arrived; each piece runs in its input's lane."""
     if not pending:
-        corpus.wait_for_downloads(located, announce=announce)  # a rerun with everything committed
+        for _ in inputs.arrivals(announce=announce):  # a rerun with everything committed: the sample
+            pass                                      # is left downloaded, as a download-first run leaves it
         return 0.0, 0.0
 
     # Largest first (Dask runs them roughly in submission order): the small last partitions of
@@ -235,21 +245,20 @@ def _tokenize_pending(client: Client, pending: list[Piece], settings: TaskSettin
     # (Batches of arriving inputs keep this order: they are runs of this list.)
     pending = sorted(pending, key=lambda p: (-p.text_bytes, p.index))
 
-    def submit(batch: list[Piece]) -> list:
+    def submit(batch: list[Piece], lane: runner.Lane | None) -> list:
         with dask.config.set(DASK_SETTINGS):
-            return client.compute(partition_tasks(batch, settings).to_delayed(), retries=config.retries)
+            return client.compute(partition_tasks(batch, settings).to_delayed(), retries=config.retries,
+                                  **(lane.restrictions() if lane is not None else {}))
 
     progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
     first, last = float("inf"), 0.0
     explain = runner.failure(_describe_piece)
     tokens = lambda piece, frame: TaskResult.from_frame(frame).tokens  # noqa: E731
-    if arriving:
-        results = runner.each_result_as_ready(
-            client, pending, submit, waiting_for=lambda p: p.input if p.input in arriving else None,
-            arrivals=corpus.arrived(located, announce=lambda msg: progress.say(announce, msg)),
-            explain=explain, progress=progress, amount=tokens)
-    else:
-        results = runner.each_result(client, submit(pending), pending, explain=explain, progress=progress, amount=tokens)
+    # Also waits for downloads no partition waits for (inputs skipped as unreadable).
+    results = runner.each_result_as_ready(
+        client, pending, submit, waiting_for=lambda p: p.input if p.input in arriving else None,
+        arrivals=inputs.arrivals(announce=lambda msg: progress.say(announce, msg)),
+        lane_of=lambda p: inputs.lane_of(p.input), explain=explain, progress=progress, amount=tokens)
     for piece, frame in results:
         result = TaskResult.from_frame(frame)
         if result.unreadable is not None:
@@ -259,8 +268,6 @@ def _tokenize_pending(client: Client, pending: list[Piece], settings: TaskSettin
             continue
         entries[piece.index] = result.entry
         first, last = min(first, result.started), max(last, result.finished)
-    if not arriving:
-        corpus.wait_for_downloads(located, announce=announce)  # of inputs skipped as unreadable
     return first, last
 
 
