@@ -71,7 +71,7 @@ class AutoHub(Inputs):
             self.chosen = WorkersFetched(self.ds, self.listing,
                                          why=f"{hosts} {verb} not see this machine's {use.option} {use.url}")
         else:
-            self.chosen = ClientFetched(self.ds, self.listing, overlap=self.overlap, why="every worker sees it",
+            self.chosen = ClientFetched(self.ds, self.listing, overlap=self.overlap, why="the workers on every machine see it",
                                         checked=True)
         self.chosen.set_up(client, announce=announce)
 
