@@ -107,8 +107,8 @@ class ExportConfig(RunOptions):
             return self.min_shard_tokens
         return self.shard_size // formats.MIN_SHARD_FRACTION
 
-    def plan(self, *, dtype: str, n_vocab: int) -> formats.Plan:
-        return formats.Plan(prefix=self.name_prefix, dtype=dtype, n_vocab=n_vocab, shard_tokens=self.shard_size,
+    def plan(self, *, dtype: str, n_vocab: int, encoding: str = "") -> formats.Plan:
+        return formats.Plan(prefix=self.name_prefix, dtype=dtype, n_vocab=n_vocab, encoding=encoding, shard_tokens=self.shard_size,
                             min_shard_tokens=self.min_shard_size)
 
     def replace(self, **changes) -> "ExportConfig":

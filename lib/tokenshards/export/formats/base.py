@@ -30,6 +30,8 @@ class Plan:
     dtype: str
     """What ``Format.dtype`` chose."""
     n_vocab: int
+    encoding: str = ""
+    """The run's encoding name (some formats record it)."""
     shard_tokens: int
     min_shard_tokens: int
 
