@@ -107,8 +107,12 @@ class ExportConfig(RunOptions):
             return self.min_shard_tokens
         return self.shard_size // formats.MIN_SHARD_FRACTION
 
-    def plan(self, *, dtype: str, n_vocab: int, encoding: str = "") -> formats.Plan:
-        return formats.Plan(prefix=self.name_prefix, dtype=dtype, n_vocab=n_vocab, encoding=encoding, shard_tokens=self.shard_size,
+    def plan(self, manifest, *, dtype: str) -> formats.Plan:
+        """What the format's files depend on besides the streams (``manifest``: the run's, or the
+        first of a mixture's, which agree on the encoding and the eot)."""
+        enc = manifest.encoding
+        return formats.Plan(prefix=self.name_prefix, dtype=dtype, n_vocab=enc.n_vocab, encoding=enc.name, eot=enc.eot,
+                            eot_position=manifest.eot_position, shard_tokens=self.shard_size,
                             min_shard_tokens=self.min_shard_size)
 
     def replace(self, **changes) -> "ExportConfig":

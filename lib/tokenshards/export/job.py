@@ -46,7 +46,7 @@ def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,
                   announce: Callable[[str], None]) -> ExportSummary:
     """The export, while it holds DEST's lease."""
     dtype = config.fmt.dtype(manifest.encoding.dtype)
-    plan = config.plan(dtype=dtype, n_vocab=manifest.encoding.n_vocab, encoding=manifest.encoding.name)
+    plan = config.plan(manifest, dtype=dtype)
     entries = manifest.by_index()
     docs = np.array([e.docs for e in entries], dtype=np.int64)
     tokens = np.array([e.tokens for e in entries], dtype=np.int64)

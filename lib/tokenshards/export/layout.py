@@ -9,6 +9,7 @@ the partitions it names. The cut never changes the bytes, only who writes them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -97,6 +98,27 @@ def DocPointers(split: str, count: int, token_itemsize: int) -> DocOffsets:  # n
 
 
 @dataclass(frozen=True)
+class DocRecords:
+    """Documents [first, first + docs) of a split as records of ``per`` documents each (the last may
+    hold fewer, and is then best a region of its own, since every element of a region has one
+    size): ``encode(starts, ends, *params)`` turns the records' documents' int64 start and end
+    offsets in the split's stream into exactly ``itemsize`` bytes per record. ``encode`` is a
+    module-level function: it travels to the workers by name."""
+
+    split: str
+    first: int
+    docs: int
+    per: int
+    itemsize: int
+    encode: Callable
+    params: tuple = ()
+
+    @property
+    def count(self) -> int:
+        return -(-self.docs // self.per)
+
+
+@dataclass(frozen=True)
 class DocIndex:
     """int64 0, 1, ..., count-1 (Megatron's document indices: one sequence per document)."""
 
@@ -160,6 +182,14 @@ def _ops(region, e0: int, e1: int, streams: Streams) -> list[tuple]:
         return [("offsets", k, region.split, a, b, region.base + int(tb[k]) * region.scale, region.scale, region.end,
                  region.dtype)
                 for k, a, b in locate(streams.doc_bounds[region.split], e0, e1)]
+    if isinstance(region, DocRecords):
+        d0, d1 = region.first + e0 * region.per, region.first + min(e1 * region.per, region.docs)
+        tb = streams.token_bounds[region.split]
+        ops = []
+        for end in (False, True):
+            ops += [("offsets", k, region.split, a, b, int(tb[k]), 1, end, "<i8")
+                    for k, a, b in locate(streams.doc_bounds[region.split], d0, d1)]
+        return [*ops, ("encode", region.encode, d1 - d0, region.params)]
     if isinstance(region, DocIndex):
         return [("arange", e0, e1)]
     raise TypeError(f"unknown region {region!r}")

@@ -320,7 +320,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
     runs = open_runs(config)
     names = [r.path for r in runs]
     dtype = config.fmt.dtype(runs[0].manifest.encoding.dtype)
-    plan = config.plan(dtype=dtype, n_vocab=runs[0].manifest.encoding.n_vocab, encoding=runs[0].manifest.encoding.name)
+    plan = config.plan(runs[0].manifest, dtype=dtype)
     sizes = [r.tokens for r in runs]
     given = config.weights
     val_weights = mix.weights_of(given, sizes, names)

@@ -125,6 +125,10 @@ def render(chunk: Chunk, view) -> bytes:
             elif kind == "offsets":
                 _, k, split, lo, hi, base, scale, end, dtype = op
                 pieces.append(view(k, split).offsets(split, lo, hi, base, scale, end, dtype).tobytes())
+            elif kind == "encode":  # what this segment's ops rendered: starts then ends of `n` documents
+                _, encode, n, params = op
+                offsets = np.frombuffer(b"".join(pieces), dtype="<i8")
+                pieces = [encode(offsets[:n], offsets[n:], *params)]
             elif kind == "arange":
                 pieces.append(np.arange(op[1], op[2], dtype="<i8").tobytes())
             else:

@@ -32,6 +32,9 @@ class Plan:
     n_vocab: int
     encoding: str = ""
     """The run's encoding name (some formats record it)."""
+    eot: int = -1
+    eot_position: str = "prefix"
+    """Where each document's eot is (``--eot`` of the run): prefix, suffix or none."""
     shard_tokens: int
     min_shard_tokens: int
 
