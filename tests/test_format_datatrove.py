@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from formatcheck import CASES, eot_of, expected_docs, export, npy_streams, runs  # noqa: F401  (fixture)
+from s3server import s3  # noqa: F401  (fixture)
 
 dataset = pytest.importorskip("datatrove.utils.dataset", reason="datatrove (and torch) are in the test extra")
 
@@ -40,3 +41,26 @@ def test_datatrove_reader_gives_the_npy_streams_and_documents(case, cluster, run
         docs = [tuple(tokens[a:b].tolist()) for a, b in zip(starts, starts[1:])]
         assert docs == expected_docs(case, out, reference, split)
         assert all(d[0] == eot_of(out) for d in docs)
+
+
+def test_datatrove_folders_to_s3_match_local_and_leftovers_are_cleared(cluster, runs, s3, tmp_path):  # noqa: F811
+    """Files in train/ and val/: a killed export's temporaries (local) and multipart uploads (S3)
+    there are cleared, and the S3 objects are the local files' bytes."""
+    out = runs["a"]
+    local = tmp_path / "local"
+    (local / "train").mkdir(parents=True)
+    (local / "train" / "fineweb.ds.0123abcd.tmp").write_bytes(b"half")
+    (local / "train" / "notes.txt.0123abcd.tmp").write_bytes(b"someone else's")
+    export(cluster, out, local, format="datatrove", val_tokens=1500)
+    assert sorted(p.name for p in (local / "train").glob("*.tmp")) == ["notes.txt.0123abcd.tmp"]
+    fs, bucket = s3.fs(), s3.make_bucket()
+    for key in ("dt/train/fineweb.ds", "dt/train/other.bin"):  # as a killed export leaves them
+        fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+    from tokenshards.export import ExportConfig, run_export
+
+    run_export(ExportConfig(out=str(out), to=f"s3://{bucket}/dt", format="datatrove", val_tokens=1500,
+                            storage_options=s3.storage_options, scheduler=cluster.scheduler_address), announce=lambda m: None)
+    for split in ("train", "val"):
+        for name in ("fineweb.ds", "fineweb.ds.index", "fineweb.ds.metadata"):
+            assert fs.cat_file(f"{bucket}/dt/{split}/{name}") == (local / split / name).read_bytes(), name
+    assert [u["Key"] for u in fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])] == ["dt/train/other.bin"]

@@ -114,7 +114,7 @@ def _clear_unfinished(fs, root: str, patterns: list[str]) -> None:
     while True:
         page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key_prefix.rstrip("/") + "/", **markers)
         for upload in page.get("Uploads", []):
-            if ours(upload["Key"]):
+            if ours(f"{bucket}/{upload['Key']}"):
                 fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
         if not page.get("IsTruncated"):
             return
