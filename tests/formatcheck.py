@@ -48,9 +48,13 @@ def case_options(case: str, runs: dict) -> tuple[Path, dict]:
 
 
 def export(cluster, out: Path, to: Path, **options) -> Path:
-    run_export(ExportConfig(out=str(out), to=str(to), scheduler=cluster.scheduler_address, **options),
-               announce=lambda m: None)
-    return to
+    return export_with_summary(cluster, out, to, **options)[0]
+
+
+def export_with_summary(cluster, out: Path, to: Path, **options):
+    summary = run_export(ExportConfig(out=str(out), to=str(to), scheduler=cluster.scheduler_address, **options),
+                         announce=lambda m: None)
+    return to, summary
 
 
 def eot_of(out: Path) -> int:

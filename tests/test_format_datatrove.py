@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from formatcheck import CASES, eot_of, expected_docs, export, npy_streams, runs  # noqa: F401  (fixture)
+from formatcheck import CASES, eot_of, expected_docs, export, export_with_summary, npy_streams, runs  # noqa: F401  (fixture)
 from s3server import s3  # noqa: F401  (fixture)
 
 dataset = pytest.importorskip("datatrove.utils.dataset", reason="datatrove (and torch) are in the test extra")
@@ -17,8 +17,10 @@ def test_datatrove_reader_gives_the_npy_streams_and_documents(case, cluster, run
 
     out, options = case_options(case, runs)
     reference = npy_streams(cluster, out, tmp_path / "npy", **options)
-    dest = export(cluster, out, tmp_path / "dt", format="datatrove", **options)
+    dest, summary = export_with_summary(cluster, out, tmp_path / "dt", format="datatrove", **options)
     token_size = 4 if case == "wide" else 2
+    said = "\n".join(summary.lines())
+    assert f"token_size={token_size})" in said and ("needs token_size=4 (uint32)" in said) == (case == "wide")
     for split in ("train", "val"):
         ref = reference[split]
         folder = dest / split

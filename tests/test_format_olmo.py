@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from formatcheck import CASES, case_options, eot_of, expected_docs, export, npy_streams, runs  # noqa: F401  (fixture)
+from formatcheck import CASES, case_options, eot_of, expected_docs, export_with_summary, npy_streams, runs  # noqa: F401  (fixture)
 
 numpy_dataset = pytest.importorskip(
     "olmo_core.data.numpy_dataset",
@@ -27,7 +27,10 @@ def test_olmo_reader_gives_the_npy_streams_and_documents(case, cluster, runs, tm
     encoding = json.loads((out / "manifest.json").read_text())["encoding"]
     dtype = np.uint32 if case == "wide" else np.uint16
     reference = npy_streams(cluster, out, tmp_path / "npy", **options)
-    dest = export(cluster, out, tmp_path / "olmo", format="olmo", **options)
+    dest, summary = export_with_summary(cluster, out, tmp_path / "olmo", format="olmo", **options)
+    said = "\n".join(summary.lines())
+    assert f"dtype={np.dtype(dtype).name}, eos_token_id={eot_of(out)};" in said
+    assert "this run's eot is at the start of each document" in said and "use_array_if_local=False" in said
     for split in ("train", "val"):
         ref = reference[split]
         folder = dest / split
