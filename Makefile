@@ -95,7 +95,7 @@ verify: $(STAMP)
 	$(BIN)/tokenshards verify $(OUT) $(if $(DEEP),--deep $(DEEP)) \
 		$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
 
-# make export OUT=out/demo FORMAT=llmc|npy|nanogpt|megatron [TO=out/demo-llmc] [VAL_TOKENS=64000] [SEED=0]
+# make export OUT=out/demo FORMAT=llmc|npy|nanogpt|megatron|olmo|datatrove|litdata [TO=out/demo-llmc] [VAL_TOKENS=64000] [SEED=0]
 # (the default validation set, 10,485,760 tokens, is larger than the whole demo corpus)
 # SEED=S shuffles with that seed; OUT="out/a out/b" WEIGHTS="0.7 0.3" [TOKENS=10B] mixes runs.
 FORMAT ?= llmc

@@ -296,13 +296,13 @@ def test_order_keys_and_coalescing():
 
 KILLED_EXPORT = """
 import sys, time
-from tokenshards.export import ExportConfig, job, run_export
+from tokenshards.export import ExportConfig, common, run_export
 
 def stall(*args, **kwargs):  # every chunk is written, no file committed yet: the moment to be killed
     print("committing", flush=True)
     time.sleep(600)
 
-job.commit_target = stall
+common.commit_target = stall
 out, to, scheduler = sys.argv[1:]
 run_export(ExportConfig(out=out, to=to, format="npy", shard_tokens=2000, val_tokens=1500, shuffle=True, seed=4,
                         chunk_bytes=2000, scheduler=scheduler, progress="none"), announce=lambda m: None)

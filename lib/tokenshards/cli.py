@@ -244,13 +244,15 @@ def _run_train_bpe(args) -> int:
 
 
 def _add_export(sub) -> None:
-    p = sub.add_parser("export", help="write a finished run as llm.c, build-nanogpt, nanoGPT or Megatron files")
+    from .export import formats
+
+    readers = ", ".join(dict.fromkeys(r.strip() for f in formats.REGISTRY.values() for r in f.reader.split(",")))
+    p = sub.add_parser("export", help=f"write a finished run as the files training code reads ({readers})")
     p.add_argument("out", metavar="OUT", nargs="+",
                    help="output folder or s3://bucket/prefix of a finished run; several: a shuffled mixture of them")
-    p.add_argument("--format", required=True, choices=["llmc", "npy", "nanogpt", "megatron"],
-                   help="llmc: llm.c .bin shards (GPT-2 layout, also read by modded-nanogpt; vocabularies over "
-                        "65,536 ids get llm.c's llama-3 layout, which only llm.c's train_llama3.py reads); "
-                        "npy: build-nanogpt .npy shards; nanogpt: train.bin/val.bin; megatron: Megatron-LM .bin/.idx")
+    p.add_argument("--format", required=True, choices=list(formats.FORMATS),
+                   help="; ".join(f"{f.name}: {f.help}" for f in formats.REGISTRY.values()))
+    sharded = " and ".join(f.name for f in formats.REGISTRY.values() if f.sharded)
     p.add_argument("--to", required=True, metavar="DEST",
                    help="folder, s3://bucket/prefix, or hf://datasets/ORG/NAME[/DIR] (a Hub dataset repo: exported into "
                         "--staging, then uploaded with a dataset card; HF_TOKEN or `hf auth login`)")
@@ -258,13 +260,13 @@ def _add_export(sub) -> None:
                    "(default HF_HOME/tokenshards/publish/...; on several machines, one every worker sees)")
     p.add_argument("--create-repo", action="store_true", help="with hf://: create the dataset repo when it does not exist")
     p.add_argument("--private", action="store_true", help="with --create-repo: make the new repo private")
-    p.add_argument("--shard-tokens", type=int, metavar="N", help="tokens per shard, llmc and npy (default 100,000,000)")
+    p.add_argument("--shard-tokens", type=int, metavar="N", help=f"tokens per shard, {sharded} (default 100,000,000)")
     p.add_argument("--min-shard-tokens", type=int, metavar="N",
-                   help="llmc and npy: a last shard under N tokens joins the one before it (default 1%% of --shard-tokens; "
-                        "0: never). llm.c needs processes x B x T + 1 tokens in every shard")
+                   help=f"{sharded}: a last shard under N tokens joins the one before it (default 1%% of --shard-tokens; "
+                        f"0: never). llm.c needs processes x B x T + 1 tokens in every shard")
     p.add_argument("--val-tokens", type=int, metavar="N",
                    help="validation tokens, whole documents chosen by a hash of their id; 0 for none (default 10,485,760)")
-    p.add_argument("--prefix", metavar="NAME", help="file name prefix, llmc/npy/megatron (default fineweb)")
+    p.add_argument("--prefix", metavar="NAME", help="file name prefix (default fineweb; not for " + ", ".join(f.name for f in formats.REGISTRY.values() if f.fixed_names) + ")")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export of this format in DEST")
     p.add_argument("--shuffle", action="store_true",
                    help="documents in a seeded pseudo-random order over the whole corpus (mixtures always are)")

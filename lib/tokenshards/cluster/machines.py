@@ -175,7 +175,7 @@ def blind_machines(client, uses: Iterable[PathUse]) -> dict[PathUse, list[str]]:
         return {}
     # A cluster still starting (SLURM jobs in the queue) is checked on its first worker: the job
     # waits for one anyway. Later ones are not; tokenize checks its parts before committing.
-    client.wait_for_workers(1)
+    _wait_for_a_worker(client)
     machines = other_machines(client)
     if not machines:
         return {}
@@ -212,6 +212,18 @@ def blind_machines(client, uses: Iterable[PathUse]) -> dict[PathUse, list[str]]:
         for path in differs:
             blind.setdefault(owner[path], set()).add(machine.name)
     return {use: sorted(names) for use, names in blind.items()}
+
+
+def _wait_for_a_worker(client, *, every: float = 2.0) -> None:
+    """Until one worker is connected, or the client is closed (a watch that gave up on the
+    cluster closes it: ``slurm.SlurmJobsWatch``), which raises here as any lost client would."""
+    while True:
+        try:
+            client.wait_for_workers(1, timeout=every)
+            return
+        except TimeoutError:
+            if client.status != "running":
+                raise RuntimeError(f"the Dask client was closed ({client.status}) while waiting for a worker") from None
 
 
 def _write_probe(path: str, token: bytes, use: PathUse) -> None:

@@ -9,10 +9,13 @@ the partitions it names. The cut never changes the bytes, only who writes them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 SPLITS = ("val", "train")
+PIECE_OPS = ("tokens", "lengths", "offsets")
+"""Operations that read a piece of a split's stream: op[1] is the piece, op[2] the split."""
 
 
 @dataclass(frozen=True)
@@ -72,13 +75,47 @@ class DocLengths:
 
 
 @dataclass(frozen=True)
-class DocPointers:
-    """int64 byte offset of every document of a split in its ``.bin`` (Megatron's pointers)."""
+class DocOffsets:
+    """Where every document of a split starts (or, with ``end``, ends) in the split's stream:
+    ``base + scale x`` its token offset, as ``dtype``. Megatron's byte pointers are
+    ``DocPointers``; datatrove's index is token ends from 0."""
 
     split: str
     count: int
-    token_itemsize: int
-    itemsize = 8
+    scale: int = 1
+    end: bool = False
+    dtype: str = "<i8"
+    base: int = 0
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+
+def DocPointers(split: str, count: int, token_itemsize: int) -> DocOffsets:  # noqa: N802 - a region, like the classes
+    """int64 byte offset of every document of a split in its ``.bin`` (Megatron's pointers)."""
+    return DocOffsets(split, count, scale=token_itemsize)
+
+
+@dataclass(frozen=True)
+class DocRecords:
+    """Documents [first, first + docs) of a split as records of ``per`` documents each (the last may
+    hold fewer, and is then best a region of its own, since every element of a region has one
+    size): ``encode(starts, ends, *params)`` turns the records' documents' int64 start and end
+    offsets in the split's stream into exactly ``itemsize`` bytes per record. ``encode`` is a
+    module-level function: it travels to the workers by name."""
+
+    split: str
+    first: int
+    docs: int
+    per: int
+    itemsize: int
+    encode: Callable
+    params: tuple = ()
+
+    @property
+    def count(self) -> int:
+        return -(-self.docs // self.per)
 
 
 @dataclass(frozen=True)
@@ -114,7 +151,7 @@ class Chunk:
     segments: tuple
 
     def partitions(self) -> set[int]:
-        return {op[1] for _, _, ops in self.segments for op in ops if op[0] in ("tokens", "lengths", "pointers")}
+        return {op[1] for _, _, ops in self.segments for op in ops if op[0] in PIECE_OPS}
 
 
 def locate(bounds: np.ndarray, lo: int, hi: int):
@@ -140,10 +177,19 @@ def _ops(region, e0: int, e1: int, streams: Streams) -> list[tuple]:
                 for k, a, b in locate(bounds, region.first + e0, region.first + e1)]
     if isinstance(region, DocLengths):
         return [("lengths", k, region.split, a, b) for k, a, b in locate(streams.doc_bounds[region.split], e0, e1)]
-    if isinstance(region, DocPointers):
+    if isinstance(region, DocOffsets):
         tb = streams.token_bounds[region.split]
-        return [("pointers", k, region.split, a, b, int(tb[k]) * region.token_itemsize, region.token_itemsize)
+        return [("offsets", k, region.split, a, b, region.base + int(tb[k]) * region.scale, region.scale, region.end,
+                 region.dtype)
                 for k, a, b in locate(streams.doc_bounds[region.split], e0, e1)]
+    if isinstance(region, DocRecords):
+        d0, d1 = region.first + e0 * region.per, region.first + min(e1 * region.per, region.docs)
+        tb = streams.token_bounds[region.split]
+        ops = []
+        for end in (False, True):
+            ops += [("offsets", k, region.split, a, b, int(tb[k]), 1, end, "<i8")
+                    for k, a, b in locate(streams.doc_bounds[region.split], d0, d1)]
+        return [*ops, ("encode", region.encode, d1 - d0, region.params)]
     if isinstance(region, DocIndex):
         return [("arange", e0, e1)]
     raise TypeError(f"unknown region {region!r}")

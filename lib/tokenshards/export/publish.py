@@ -125,7 +125,7 @@ def _stage(config: PublishConfig, staging: str, *, announce: Callable[[str], Non
     from .job import run_export
 
     export = config.export
-    record_name = formats.record_name(export.format, export.name_prefix)
+    record_name = formats.get(export.format).record_name(export.name_prefix)
     key = _stage_key(export)
     stamp = Path(staging) / STAMP
     earlier = _read_json(stamp)
@@ -219,11 +219,12 @@ def _upload(api, config: PublishConfig, dest: HubDestination, staging: str, name
     export = config.export
     remote = hubrepo.remote_files(api, dest, retries=config.retries, backoff=config.backoff)
     local = {n: file_hashes(os.path.join(staging, n)) for n in [*names, record_name]}
-    patterns = formats.name_patterns(export.format, export.name_prefix) + [record_name]
+    patterns = formats.get(export.format).patterns(export.name_prefix) + [record_name]
     ours = {dest.path(n) for n in local}
     differ = [n for n in local if dest.path(n) in remote and not _same(remote[dest.path(n)], *local[n])]
-    stale = sorted(p for p in remote if p not in ours and posixpath.dirname(p) == dest.folder
-                   and any(fnmatch.fnmatchcase(posixpath.basename(p), pat) for pat in patterns))
+    inside = f"{dest.folder}/" if dest.folder else ""
+    stale = sorted(p for p in remote if p not in ours and p.startswith(inside)  # patterns may name sub-folders (train/...)
+                   and any(fnmatch.fnmatchcase(p[len(inside):], pat) for pat in patterns))
     if (differ or stale) and not export.overwrite:
         shown = [posixpath.basename(p) for p in (differ + stale)]
         raise UserError(f"{dest.url} already holds another export ({', '.join(shown[:3])}{' ...' if len(shown) > 3 else ''}); "

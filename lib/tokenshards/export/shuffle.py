@@ -31,21 +31,17 @@ from ..cluster import machines, runner
 from ..errors import UserError
 from ..format.reader import PartitionFiles, open_manifest
 from ..format.v1 import Manifest, PartitionEntry
-from ..storage.store import check_bucket, filesystem, is_local, join, write_json
+from ..storage.store import check_bucket, filesystem
 from ..wording import counted
-from . import formats, mix, order, valsplit
-from .layout import Chunk, Streams
+from . import mix, order, valsplit
+from .common import RECORD_FORMAT, finish, prepare_dest, record_settings, val_candidates, write_files
+from .layout import PIECE_OPS, Chunk, Streams
 from .valsplit import Threshold, id_hashes, is_val
+from .view import DocView, coalesce  # noqa: F401 - coalesce: the shuffle's reads join nearby ranges (view.gather)
 from .write import PartInfo, Source, Target, put_chunk, render, target_kind
 
 SELECT_BITS = 12
 """The cut of a partial epoch is found in two passes: which of 2**12 key bins, then where in it."""
-GAP_BYTES = 1 << 20
-"""Reading a gap this small costs less than another request to S3."""
-LOCAL_GAP_BYTES = 1 << 14
-"""On a local disk a read costs a system call: join only ranges a few pages apart."""
-READ_BATCH_BYTES = 32 << 20
-"""What a writer reads before copying it out: its memory besides its chunk."""
 DIRECT_TASKS = 4096
 """Frames cut into at most this many (group, bucket) pieces skip Dask's shuffle (and importing
 dask.dataframe on the client, ~0.4 s). With 64 MiB chunks and ~1,000-token documents that is
@@ -183,104 +179,24 @@ def bucket_counts(rows) -> tuple[int, int]:
 
 
 # -- worker side: writing ---------------------------------------------------------------------------
-class BucketView:
-    """One bucket's documents as a contiguous stream, read from the part files they came from."""
-
-    def __init__(self, frame, files: list[PartitionFiles]):
-        self.files = files
-        # A BUCKET array (direct path) or the same columns as a DataFrame (Dask's shuffle).
-        self.src, self.part, self.start, self.length = (np.asarray(frame[c]) for c in BUCKET.names)
-        self.cum = np.concatenate([[0], np.cumsum(self.length)]).astype(np.int64)
-
-    def tokens(self, split: str, lo: int, hi: int) -> np.ndarray:
-        cum, length = self.cum, self.length
-        d0 = int(np.searchsorted(cum, lo, side="right")) - 1
-        d1 = int(np.searchsorted(cum, hi, side="left"))
-        a = self.start[d0:d1] + np.maximum(lo - cum[d0:d1], 0)
-        b = self.start[d0:d1] + np.minimum(hi - cum[d0:d1], length[d0:d1])
-        return gather(self.files, self.src[d0:d1], self.part[d0:d1], a, b)
-
-    def lengths(self, split: str, lo: int, hi: int) -> np.ndarray:
-        lengths = self.length[lo:hi]
-        if len(lengths) and lengths.max() > np.iinfo(np.int32).max:
-            raise UserError(f"a document of {lengths.max():,} tokens does not fit Megatron's int32 sequence lengths")
-        return lengths.astype("<i4")
-
-    def pointers(self, split: str, lo: int, hi: int, base: int, itemsize: int) -> np.ndarray:
-        return (base + self.cum[lo:hi] * itemsize).astype("<i8")
-
-
-def coalesce(a: np.ndarray, b: np.ndarray, gap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ranges [a, b) sorted by a → (merged starts, merged ends, which merged range holds each),
-    joining ranges less than ``gap`` apart."""
-    if len(a) == 0:
-        return a, b, np.zeros(0, np.int64)
-    reach = np.maximum.accumulate(b)
-    new = np.r_[True, a[1:] - reach[:-1] >= gap]
-    group = np.cumsum(new) - 1
-    starts = a[new]
-    ends = np.maximum.reduceat(b, np.flatnonzero(new))
-    return starts, ends, group
-
-
-def gather(files: list[PartitionFiles], src: np.ndarray, part: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Token ranges [a, b) of (run src, partition part), concatenated in the order given.
-
-    Reads go file by file, nearby ranges joined (``GAP_BYTES`` on S3, ``LOCAL_GAP_BYTES`` on a
-    local disk), in batches of about ``READ_BATCH_BYTES`` (one concurrent request batch on S3):
-    a task holds its output and one batch, however large the run."""
-    n = b - a
-    offsets = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
-    dtype = files[int(src[0])].dtype if len(src) else np.dtype("<u2")
-    out = np.empty(int(offsets[-1]), dtype)
-    by_file = np.lexsort((a, part, src))
-    key = src.astype(np.int64)[by_file] * (1 << 32) + part[by_file]
-    cuts = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True]).tolist()
-    batch: dict[int, list] = {}
-    held = 0
-
-    def flush():
-        for s, groups in batch.items():
-            arrays = files[s].token_ranges([r for _, _, ranges in groups for r in ranges])
-            base = 0
-            for idx, group, ranges in groups:
-                for i, g in zip(idx.tolist(), group.tolist()):
-                    lo = int(a[i]) - ranges[g][1]
-                    out[offsets[i]:offsets[i + 1]] = arrays[base + g][lo:lo + int(n[i])]
-                base += len(ranges)
-        batch.clear()
-
-    for g0, g1 in zip(cuts[:-1], cuts[1:]):
-        idx = by_file[g0:g1]
-        s, k = int(src[idx[0]]), int(part[idx[0]])
-        pf = files[s]
-        gap = (LOCAL_GAP_BYTES if is_local(pf.fs) else GAP_BYTES) // pf.dtype.itemsize
-        starts, ends, group = coalesce(a[idx], b[idx], gap)
-        batch.setdefault(s, []).append((idx, group, [(k, int(x), int(y)) for x, y in zip(starts.tolist(), ends.tolist())]))
-        held += int((ends - starts).sum()) * pf.dtype.itemsize
-        if held >= READ_BATCH_BYTES:
-            flush()
-            held = 0
-    flush()
-    return out
-
-
 def write_shuffled_chunk(chunk: Chunk, target: Target, buckets: dict, *, catalog: Catalog,
                          dest_storage_options: dict) -> tuple[str, int, str]:
     """Worker task: render one chunk from its buckets' rows, put it in place."""
     files = catalog.files()
     views: dict = {}
 
-    def view(k: int, split: str) -> BucketView:
+    def view(k: int, split: str) -> DocView:
         if (split, k) not in views:
-            views[(split, k)] = BucketView(buckets[(split, k)], files)
+            # A BUCKET array (direct path) or the same columns as a DataFrame (Dask's shuffle).
+            frame = buckets[(split, k)]
+            views[(split, k)] = DocView(files, *(np.asarray(frame[c]) for c in BUCKET.names))
         return views[(split, k)]
 
     return put_chunk(render(chunk, view), chunk, target, dest_storage_options=dest_storage_options)
 
 
 def chunk_buckets(chunk: Chunk) -> set[tuple[str, int]]:
-    return {(op[2], op[1]) for _, _, ops in chunk.segments for op in ops if op[0] in ("tokens", "lengths", "pointers")}
+    return {(op[2], op[1]) for _, _, ops in chunk.segments for op in ops if op[0] in PIECE_OPS}
 
 
 # -- client side -------------------------------------------------------------------------------------
@@ -400,12 +316,11 @@ def open_runs(config) -> list[Run]:
 def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = print):
     """``export --shuffle`` and mixtures of several runs, while holding DEST's ``lease``; see the
     module docstring."""
-    from .job import RECORD_FORMAT, ExportSummary, _prepare_dest, _val_candidates, _write_files, record_settings
-
     t0 = time.perf_counter()
     runs = open_runs(config)
     names = [r.path for r in runs]
-    dtype = formats.output_dtype(config.format, runs[0].manifest.encoding.dtype)
+    dtype = config.fmt.dtype(runs[0].manifest.encoding.dtype)
+    plan = config.plan(runs[0].manifest, dtype=dtype)
     sizes = [r.tokens for r in runs]
     given = config.weights
     val_weights = mix.weights_of(given, sizes, names)
@@ -418,7 +333,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
     dest_fs, dest_root = filesystem(config.to, config.storage_options)
     kind = target_kind(dest_fs)
     check_bucket(dest_fs, dest_root, config.to, what="export destination")
-    _prepare_dest(dest_fs, dest_root, config)
+    prepare_dest(dest_fs, dest_root, config)
     seed = config.seed or 0
 
     local_paths = [machines.reading_run("RUN", r.path, r.manifest.files(filesystem(r.path, config.storage_options)[1]))
@@ -429,7 +344,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
         for n, (run, want) in enumerate(zip(runs, val_split)):
             threshold = None
             if want:
-                final = _val_candidates(client, run.parts, source=run.source, val_tokens=want)
+                final = val_candidates(client, run.parts, source=run.source, val_tokens=want)
                 threshold, vd, vt = valsplit.choose(final, n_parts=len(run.parts))
                 parts = [dataclasses.replace(p, val_docs=int(d), val_tokens=int(t)) for p, d, t in zip(run.parts, vd, vt)]
                 runs[n] = run = dataclasses.replace(run, parts=parts)
@@ -481,8 +396,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
                                        f"planned {d} ({t}); did a run change during the export? rerun it")
             announce(f"validation: {streams.docs('val'):,} documents, {streams.tokens('val'):,} tokens; "
                      f"train: {streams.docs('train'):,} documents, {streams.tokens('train'):,} tokens")
-            files = formats.shard_files(fmt=config.format, prefix=config.name_prefix, streams=streams,
-                                        shard_tokens=config.shard_size, dtype=dtype, min_shard_tokens=config.min_shard_size)
+            files = config.fmt.files(streams, plan)
             catalog = client.scatter(Catalog(sources=tuple(r.source for r in runs),
                                              entries=tuple(tuple(p.entry for p in r.parts) for r in runs)), hash=False)
             by_name = {("val", b): buckets[b] for b in range(n_val)}
@@ -493,7 +407,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
                 return runner.submit(client, write_shuffled_chunk, chunks, targets, needed, catalog=catalog,
                                      dest_storage_options=config.storage_options)
 
-            _write_files(client, files, streams, submit=submit, dest_fs=dest_fs, dest_root=dest_root, kind=kind,
+            write_files(client, files, streams, submit=submit, dest_fs=dest_fs, dest_root=dest_root, kind=kind,
                          config=config, announce=announce)
         finally:
             # Released, not cancelled: cancelling finished futures that finished tasks consumed trips
@@ -519,14 +433,6 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
         "splits": {s: {"docs": streams.docs(s), "tokens": streams.tokens(s)} for s in ("val", "train")},
         "files": [{"name": f.name, "split": f.split, "tokens": f.tokens, "bytes": f.nbytes} for f in files],
     }
-    lease.check()  # an export that stalled past its lease must not write its record over a successor's files
-    write_json(dest_fs, join(dest_root, formats.record_name(config.format, config.name_prefix)), record)
     notes = [f"{s['path']}: weight {s['weight']:.4g}, {s['tokens']:,} train tokens ({counted(s['documents'], 'document')}, "
              f"{s['epochs']:.3g} epochs)" for s in record["sources"]] if len(runs) > 1 else []
-    if config.format in ("llmc", "npy"):
-        notes += formats.shard_notes(files, shard_tokens=config.shard_size, min_shard_tokens=config.min_shard_size)
-    if config.format == "llmc" and dtype == formats.LLMC_LLAMA3[2]:
-        notes.append("note: " + formats.LLAMA3_READERS.format(n_vocab=runs[0].manifest.encoding.n_vocab))
-    return ExportSummary(to=config.to, files=[f.name for f in files], val_docs=streams.docs("val"),
-                         val_tokens=streams.tokens("val"), train_docs=streams.docs("train"),
-                         train_tokens=streams.tokens("train"), seconds=time.perf_counter() - t0, notes=tuple(notes))
+    return finish(config, record=record, files=files, streams=streams, plan=plan, lease=lease, notes=notes, t0=t0)

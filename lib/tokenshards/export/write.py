@@ -22,6 +22,7 @@ from ..format.v1 import PartitionEntry
 from ..storage.store import filesystem, is_local
 from .layout import Chunk
 from .valsplit import Threshold, candidates, id_hashes, is_val
+from .view import DocView
 
 S3_MIN_PART = 5 * 2**20
 S3_MAX_PARTS = 10_000
@@ -71,69 +72,42 @@ def partition_candidates(k: int, part: PartInfo, *, source: Source, val_tokens: 
 
 
 # -- rendering ----------------------------------------------------------------------------------
-class _SplitView:
-    """One partition's documents divided into val and train, each as a contiguous local stream."""
-
-    def __init__(self, files: PartitionFiles, k: int, part: PartInfo, threshold: Threshold | None):
-        self.files, self.k = files, k
-        columns = ("id", "row", "start", "length") if threshold else ("start", "length")
-        docs = files.docs(k, columns=columns)
-        if threshold:
-            val = is_val(hashes=id_hashes(docs.ids.to_pylist()), input_ordinal=part.input_ordinal, rows=docs.rows,
-                         threshold=threshold)
-        else:
-            val = np.zeros(len(docs.lengths), dtype=bool)
-        got = (int(val.sum()), int(docs.lengths[val].sum()))
-        if got != (part.val_docs, part.val_tokens):
-            raise UserError(f"{part.entry.docs_file}: {got[0]} validation documents ({got[1]} tokens) now, "
-                            f"{part.val_docs} ({part.val_tokens}) when the export was planned; did OUT change? rerun export")
-        self.split = {}
-        for name, mask in (("val", val), ("train", ~val)):
-            lengths, starts = docs.lengths[mask], docs.starts[mask]
-            cum = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-            self.split[name] = (lengths, starts, cum)
-
-    def tokens(self, split: str, lo: int, hi: int) -> np.ndarray:
-        lengths, starts, cum = self.split[split]
-        d0 = int(np.searchsorted(cum, lo, side="right")) - 1
-        d1 = int(np.searchsorted(cum, hi, side="left"))
-        a = starts[d0:d1] + np.maximum(lo - cum[d0:d1], 0)
-        b = starts[d0:d1] + np.minimum(hi - cum[d0:d1], lengths[d0:d1])
-        # Neighbouring documents of one split are usually neighbours in the part file too.
-        breaks = np.flatnonzero(a[1:] != b[:-1]) + 1
-        run_a, run_b = a[np.r_[0, breaks]], b[np.r_[breaks - 1, len(b) - 1]]
-        base = int(run_a[0])
-        span = self.files.tokens(self.k, base, int(run_b[-1]))
-        if len(run_a) == 1:
-            return span
-        return np.concatenate([span[x - base:y - base] for x, y in zip(run_a.tolist(), run_b.tolist())])
-
-    def lengths(self, split: str, lo: int, hi: int) -> np.ndarray:
-        lengths = self.split[split][0][lo:hi]
-        if len(lengths) and lengths.max() > np.iinfo(np.int32).max:
-            raise UserError(f"{self.files.partitions[self.k].docs_file}: a document of {lengths.max():,} tokens "
-                            "does not fit Megatron's int32 sequence lengths")
-        return lengths.astype("<i4")
-
-    def pointers(self, split: str, lo: int, hi: int, base: int, itemsize: int) -> np.ndarray:
-        return (base + self.split[split][2][lo:hi] * itemsize).astype("<i8")
+def partition_view(files: PartitionFiles, k: int, part: PartInfo, threshold: Threshold | None) -> dict[str, DocView]:
+    """One partition's documents divided into val and train, each a ``DocView`` in row order."""
+    columns = ("id", "row", "start", "length") if threshold else ("start", "length")
+    docs = files.docs(k, columns=columns)
+    if threshold:
+        val = is_val(hashes=id_hashes(docs.ids.to_pylist()), input_ordinal=part.input_ordinal, rows=docs.rows,
+                     threshold=threshold)
+    else:
+        val = np.zeros(len(docs.lengths), dtype=bool)
+    got = (int(val.sum()), int(docs.lengths[val].sum()))
+    if got != (part.val_docs, part.val_tokens):
+        raise UserError(f"{part.entry.docs_file}: {got[0]} validation documents ({got[1]} tokens) now, "
+                        f"{part.val_docs} ({part.val_tokens}) when the export was planned; did OUT change? rerun export")
+    views = {}
+    for name, mask in (("val", val), ("train", ~val)):
+        n = int(mask.sum())
+        views[name] = DocView([files], np.zeros(n, np.int64), np.full(n, k, np.int64), docs.starts[mask],
+                              docs.lengths[mask])
+    return views
 
 
 def render_chunk(chunk: Chunk, *, source: Source, parts: dict[int, PartInfo], threshold: Threshold | None) -> bytes:
     files = _files(source, parts)
-    views: dict[int, _SplitView] = {}
+    views: dict[int, dict[str, DocView]] = {}
 
-    def view(k: int, split: str) -> _SplitView:
+    def view(k: int, split: str) -> DocView:
         if k not in views:
-            views[k] = _SplitView(files, k, parts[k], threshold)
-        return views[k]
+            views[k] = partition_view(files, k, parts[k], threshold)
+        return views[k][split]
 
     return render(chunk, view)
 
 
 def render(chunk: Chunk, view) -> bytes:
-    """A chunk's bytes; ``view(k, split)`` is what holds the k-th piece of that split's stream
-    (a partition here, a bucket of a shuffled export), with ``tokens``, ``lengths``, ``pointers``."""
+    """A chunk's bytes; ``view(k, split)`` is the ``DocView`` of the k-th piece of that split's
+    stream (a partition here, a bucket of a shuffled export)."""
     out = []
     for head, take, ops in chunk.segments:
         pieces = []
@@ -148,9 +122,13 @@ def render(chunk: Chunk, view) -> bytes:
             elif kind == "lengths":
                 _, k, split, lo, hi = op
                 pieces.append(view(k, split).lengths(split, lo, hi).tobytes())
-            elif kind == "pointers":
-                _, k, split, lo, hi, base, itemsize = op
-                pieces.append(view(k, split).pointers(split, lo, hi, base, itemsize).tobytes())
+            elif kind == "offsets":
+                _, k, split, lo, hi, base, scale, end, dtype = op
+                pieces.append(view(k, split).offsets(split, lo, hi, base, scale, end, dtype).tobytes())
+            elif kind == "encode":  # what this segment's ops rendered: starts then ends of `n` documents
+                _, encode, n, params = op
+                offsets = np.frombuffer(b"".join(pieces), dtype="<i8")
+                pieces = [encode(offsets[:n], offsets[n:], *params)]
             elif kind == "arange":
                 pieces.append(np.arange(op[1], op[2], dtype="<i8").tobytes())
             else:

@@ -1,0 +1,178 @@
+"""What both export drivers stand on (``job.py``: documents in manifest order; ``shuffle.py``:
+seeded and mixed): DEST's lease and its earlier files, the validation candidates, writing every
+file in parallel chunks and committing them together, the record and the summary. Neither driver
+imports the other's module for these; ``job.run_export`` only hands shuffled exports to ``shuffle``.
+"""
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from distributed import Client
+
+from ..cluster import interrupt, runner
+from ..cluster.progress import Progress, human
+from ..errors import UserError
+from ..storage.lease import Lease
+from ..storage.store import check_bucket, display_url, filesystem, is_local, is_s3, join, write_json
+from ..wording import counted
+from . import valsplit
+from .config import ExportConfig
+from .formats import Plan
+from .layout import Chunk, OutFile, Streams, chunk_file
+from .write import PartInfo, Source, Target, abort_target, commit_target, open_target, part_size, partition_candidates
+
+MERGE_FAN_IN = 8
+RECORD_FORMAT = "tokenshards-export/1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportSummary:
+    to: str
+    files: list[str]
+    val_docs: int
+    val_tokens: int
+    train_docs: int
+    train_tokens: int
+    seconds: float
+    notes: tuple[str, ...] = ()
+    """What a reader of these files should know: shard sizes, which trainers read the layout."""
+
+    def lines(self) -> list[str]:
+        return [
+            f"done: {counted(len(self.files), 'file')}; val {self.val_docs:,} documents, {self.val_tokens:,} tokens; "
+            f"train {self.train_docs:,} documents, {self.train_tokens:,} tokens; {self.seconds:.1f} s",
+            *(f"      {note}" for note in self.notes),
+            f"      output: {self.to}",
+        ]
+
+
+def record_settings(config: ExportConfig, manifest, dtype: str) -> dict:
+    """What every ``NAME_export.json`` records of the tokens and the options, in this order (its
+    run's encoding: a mixture's runs share it)."""
+    sharded = config.fmt.sharded
+    return {
+        "encoding": manifest.encoding.to_dict(),
+        "eot_position": manifest.eot_position,
+        "dtype": dtype,
+        "shard_tokens": config.shard_size if sharded else None,
+        "min_shard_tokens": config.min_shard_size if sharded else None,
+        "val_tokens_requested": config.val_tokens,
+    }
+
+
+def dest_lease(config: ExportConfig, *, announce: Callable[[str], None]) -> Lease:
+    """One live writer per folder, exports and tokenize runs alike: --overwrite never removes a
+    live writer's files (``storage.lease``)."""
+    dest_fs, dest_root = filesystem(config.to, config.storage_options)
+    check_bucket(dest_fs, dest_root, config.to, what="export destination")
+    return Lease(dest_fs, dest_root, url=config.to, command="export", announce=announce)
+
+
+def prepare_dest(fs, root: str, config: ExportConfig) -> None:
+    """Refuse to mix with an earlier export's files (a trainer's glob would read both), unless
+    --overwrite, which removes them first; then check DEST is writable."""
+    patterns = config.fmt.patterns(config.name_prefix) + [config.fmt.record_name(config.name_prefix)]
+    fs.invalidate_cache(root)  # s3fs caches listings per process; workers may have written since
+    found = sorted({p for pattern in patterns for p in fs.glob(join(root, pattern))})
+    if found and not config.overwrite:
+        names = ", ".join(posixpath.basename(p) for p in found[:3]) + (" ..." if len(found) > 3 else "")
+        raise UserError(f"{config.to} already holds an export ({names}); choose another --to or pass --overwrite to replace it")
+    try:
+        for path in found:
+            fs.rm(path)
+        _clear_unfinished(fs, root, patterns)
+        fs.makedirs(root, exist_ok=True)
+        probe = join(root, f".tokenshards-write-probe-{uuid.uuid4().hex}")
+        fs.pipe_file(probe, b"ok")
+        fs.rm(probe)
+    except Exception as e:
+        raise UserError(f"cannot write to {config.to!r}: {type(e).__name__}: {e}; choose another --to or fix its permissions") from e
+
+
+def _clear_unfinished(fs, root: str, patterns: list[str]) -> None:
+    """What a killed export of these names left: local ``NAME.<uuid>.tmp`` files, or S3 multipart
+    uploads (never visible, but billed until aborted)."""
+    def ours(path: str) -> bool:
+        name = posixpath.relpath(path, root.rstrip("/")) if path.startswith(root.rstrip("/") + "/") else path
+        return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(posixpath.basename(path), p) for p in patterns)
+
+    if is_local(fs):
+        for folder in sorted({posixpath.dirname(p) for p in patterns}):  # a format's files may be in train/, val/
+            for path in fs.glob(join(root, folder, "*.tmp") if folder else join(root, "*.tmp")):
+                if ours(path.rsplit(".", 2)[0]):
+                    fs.rm(path)
+        return
+    if not is_s3(fs):
+        return
+    bucket, _, key_prefix = root.partition("/")
+    markers: dict = {}
+    while True:
+        page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=key_prefix.rstrip("/") + "/", **markers)
+        for upload in page.get("Uploads", []):
+            if ours(f"{bucket}/{upload['Key']}"):
+                fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+        if not page.get("IsTruncated"):
+            return
+        markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+
+def val_candidates(client: Client, parts: list[PartInfo], *, source: Source, val_tokens: int) -> np.ndarray:
+    """Per-partition candidates, then merges of MERGE_FAN_IN at a time, all on the cluster."""
+    leaves = runner.submit(client, partition_candidates, range(len(parts)), parts, source=source, val_tokens=val_tokens)
+    root = runner.reduce_tree(client, leaves, valsplit.merge, fan_in=MERGE_FAN_IN, val_tokens=val_tokens)
+    return runner.result_of(client, root, also_cancel=leaves, explain=lambda e: UserError(
+        f"choosing validation documents failed: {type(e).__name__}: {e}"))
+
+
+def write_files(client: Client, files, streams: Streams, *, submit: Callable, dest_fs, dest_root: str, kind: str,
+                 config: ExportConfig, announce) -> None:
+    """Open every file, write all chunks in parallel (``submit(chunks, targets)`` starts one task
+    per chunk that renders and puts it), then commit every file: none appears before all are
+    written, so a killed or failed export leaves nothing that looks finished."""
+    targets: dict[str, Target] = {}
+    etags: dict[str, dict[int, str]] = {}
+    chunks: list[Chunk] = []
+    for f in files:
+        pieces = chunk_file(f, streams, chunk_bytes=part_size(kind, f.nbytes, config.chunk_bytes))
+        chunks.extend(pieces)
+        etags[f.name] = {}
+    total_bytes = sum(f.nbytes for f in files)
+    announce(f"writing {counted(len(files), 'file')}, {human(total_bytes)}B in {counted(len(chunks), 'chunk')} to {config.to}")
+    try:
+        for f in files:
+            if "/" in f.name and is_local(dest_fs):  # a format's files may be in folders (train/, val/)
+                dest_fs.makedirs(join(dest_root, posixpath.dirname(f.name)), exist_ok=True)
+            targets[f.name] = open_target(dest_fs, join(dest_root, f.name), f.nbytes)
+        futures = submit(chunks, [targets[c.file] for c in chunks])
+        progress = Progress(len(chunks), mode=config.progress, unit="chunks", amount="B")
+        for chunk, (name, number, etag) in runner.each_result(
+                client, futures, chunks, progress=progress, amount=lambda chunk, _: chunk.nbytes,
+                explain=lambda chunk, e: UserError(f"writing {config.to} failed: {type(e).__name__}: {e}")):
+            etags[name][number] = etag
+        for f in files:
+            interrupt.check()
+            commit_target(dest_fs, targets.pop(f.name), etags[f.name])
+    except BaseException:
+        for target in targets.values():
+            abort_target(dest_fs, target)
+        raise
+    announce(f"wrote {counted(len(files), 'file')} to {display_url(dest_fs, dest_root)}")
+
+
+def finish(config: ExportConfig, *, record: dict, files: list[OutFile], streams: Streams, plan: Plan, lease: Lease,
+           notes: list[str], t0: float) -> ExportSummary:
+    """Write the record (the last file of an export) and say what was written."""
+    import time
+
+    dest_fs, dest_root = filesystem(config.to, config.storage_options)
+    lease.check()  # an export that stalled past its lease must not write its record over a successor's files
+    write_json(dest_fs, join(dest_root, config.fmt.record_name(config.name_prefix)), record)
+    notes = [*notes, *config.fmt.notes(files, plan)]
+    return ExportSummary(to=config.to, files=[f.name for f in files], val_docs=streams.docs("val"),
+                         val_tokens=streams.tokens("val"), train_docs=streams.docs("train"),
+                         train_tokens=streams.tokens("train"), seconds=time.perf_counter() - t0, notes=tuple(notes))

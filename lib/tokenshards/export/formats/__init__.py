@@ -1,0 +1,34 @@
+"""The export formats, one module each, in one registry.
+
+Each module defines one ``Format`` (``base.py``) as ``FORMAT``: its files, dtype rules and
+limits, summary notes and which trainer reads it. The CLI's ``--format`` choices and help, the
+options' checks and both export drivers go through ``get(name)``: a new format is a new module
+here, its line in ``_MODULES``, and its test.
+"""
+from __future__ import annotations
+
+from ..layout import OutFile, Streams
+from . import datatrove, litdata, llmc, megatron, nanogpt, npy, olmo
+from .base import DEFAULT_PREFIX, MIN_SHARD_FRACTION, Format, Plan, shard_sizes, unsupported
+
+_MODULES = (llmc, npy, nanogpt, megatron, olmo, datatrove, litdata)
+REGISTRY: dict[str, Format] = {m.FORMAT.name: m.FORMAT for m in _MODULES}
+FORMATS = tuple(REGISTRY)
+
+
+def get(name: str) -> Format:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise unsupported(name, FORMATS) from None
+
+
+def shard_files(*, fmt: str, prefix: str, streams: Streams, shard_tokens: int, dtype: str,
+                min_shard_tokens: int = 0, n_vocab: int = 0) -> list[OutFile]:
+    """The files of ``fmt`` for these streams; splits with no tokens get no file."""
+    return get(fmt).files(streams, Plan(prefix=prefix, dtype=dtype, n_vocab=n_vocab, shard_tokens=shard_tokens,
+                                        min_shard_tokens=min_shard_tokens))
+
+
+__all__ = ["DEFAULT_PREFIX", "FORMATS", "MIN_SHARD_FRACTION", "REGISTRY", "Format", "Plan", "get", "shard_files",
+           "shard_sizes"]
