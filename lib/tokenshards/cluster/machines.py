@@ -115,8 +115,11 @@ def reading_run(option: str, url: str, files: Sequence[str]) -> PathUse:
 
 
 def _stat(path: str) -> tuple[int, int] | None:
+    """Size and mtime, read through an open file: on NFS, opening revalidates what a plain stat
+    may take from another machine's attribute cache (close-to-open consistency)."""
     try:
-        st = os.stat(path)
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
     except OSError:
         return None
     return st.st_size, int(st.st_mtime)
