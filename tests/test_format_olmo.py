@@ -1,6 +1,12 @@
 """``--format olmo`` read by OLMo-core's own ``olmo_core.data`` (``NumpyFSLDataset``,
 ``load_array_slice``, ``iter_document_indices`` on the ``.csv.gz``), never by our code: the same
-streams and documents as our ``npy`` export with the same options."""
+streams and documents as our ``npy`` export with the same options.
+
+OLMo-core cannot be installed beside tokenshards (its cached-path needs ``huggingface_hub<2``, we
+need ``>=2.4``), and trainers run it in their own environment anyway: the reader runs in a venv of
+its own (``readervenv.py``: torch 2.13.0's CPU build, then ``OLMO_CORE``), as the script
+``READER``, which writes what OLMo-core read as ``.npy`` and JSON for the test to compare.
+"""
 from __future__ import annotations
 
 import json
@@ -8,16 +14,40 @@ import json
 import numpy as np
 import pytest
 from formatcheck import CASES, case_options, eot_of, expected_docs, export_with_summary, npy_streams, runs  # noqa: F401  (fixture)
+from readervenv import reader_python, run_reader
 
-numpy_dataset = pytest.importorskip(
-    "olmo_core.data.numpy_dataset",
-    reason="ai2-olmo-core is not in the test extra: it needs cached-path, which needs huggingface_hub<2 (we need >=2.4)")
+OLMO_CORE = ("ai2-olmo-core==3.0.0",)
+
+READER = r'''
+import json, sys
+from pathlib import Path
+
+import numpy as np
+from olmo_core.data.numpy_dataset import NumpyFSLDataset
+from olmo_core.data.utils import iter_document_indices, load_array_slice
+
+a = json.loads(sys.argv[1])
+path, dtype, got = Path(a["path"]), np.dtype(a["dtype"]).type, Path(a["got"])
+np.save(got / "whole.npy", load_array_slice(path, 0, a["tokens"], dtype))
+ds = NumpyFSLDataset(path, sequence_length=a["seq"], pad_token_id=a["eot"], eos_token_id=a["eot"],
+                     vocab_size=a["n_vocab"], dtype=dtype)
+ds.work_dir = got / "work"
+ds.prepare()
+instances = [ds[i]["input_ids"].numpy() for i in range(len(ds))]
+np.save(got / "instances.npy", np.concatenate(instances) if instances else np.empty(0, dtype))
+docs = [load_array_slice(path, s, e, dtype).tolist()
+        for s, e in iter_document_indices(path, use_array_if_local=False, dtype=dtype)]
+(got / "read.json").write_text(json.dumps({"len": len(ds), "docs": docs}))
+'''
+
+
+@pytest.fixture(scope="module")
+def olmo_python():
+    return reader_python("olmo-core", OLMO_CORE)
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_olmo_reader_gives_the_npy_streams_and_documents(case, cluster, runs, tmp_path, monkeypatch):  # noqa: F811
-    from olmo_core.data.utils import iter_document_indices, load_array_slice
-
+def test_olmo_reader_gives_the_npy_streams_and_documents(case, cluster, runs, olmo_python, tmp_path, monkeypatch):  # noqa: F811
     from tokenshards.export.formats import olmo
 
     out, options = case_options(case, runs)
@@ -38,19 +68,20 @@ def test_olmo_reader_gives_the_npy_streams_and_documents(case, cluster, runs, tm
         path = folder / "fineweb.npy"
         with pytest.raises(ValueError):  # headerless: never taken for a real .npy
             np.load(path)
-        assert load_array_slice(path, 0, len(ref), dtype).tolist() == ref.tolist()
+        got = tmp_path / f"read-{split}"
+        got.mkdir()
         # Training instances: sequence_length tokens each, back to back; the tail under one is not read.
         seq = 64
-        ds = numpy_dataset.NumpyFSLDataset(path, sequence_length=seq, pad_token_id=eot_of(out), eos_token_id=eot_of(out),
-                                           vocab_size=encoding["n_vocab"], dtype=dtype)
-        ds.work_dir = tmp_path / "work"
-        ds.prepare()
-        assert len(ds) == len(ref) // seq
-        got = np.concatenate([ds[i]["input_ids"].numpy() for i in range(len(ds))])
-        assert got.tolist() == ref[:len(got)].tolist()
+        run_reader(olmo_python, READER, {"path": str(path), "dtype": np.dtype(dtype).name, "tokens": len(ref),
+                                         "seq": seq, "eot": eot_of(out), "n_vocab": encoding["n_vocab"], "got": str(got)})
+        whole = np.load(got / "whole.npy")
+        assert whole.dtype == dtype and whole.tolist() == ref.tolist()
+        read = json.loads((got / "read.json").read_text())
+        assert read["len"] == len(ref) // seq
+        instances = np.load(got / "instances.npy")
+        assert len(instances) == read["len"] * seq
+        assert instances.tolist() == ref[:len(instances)].tolist()
         # Documents from the .csv.gz, each whole with its eot.
-        docs = [tuple(load_array_slice(path, a, b, dtype).tolist())
-                for a, b in iter_document_indices(path, use_array_if_local=False, dtype=dtype)]
-        assert docs == expected_docs(case, out, reference, split)
+        assert [tuple(d) for d in read["docs"]] == expected_docs(case, out, reference, split)
         if case != "plain" and split == "train":
             assert (folder / "fineweb.csv.gz").read_bytes().count(olmo.GZIP_HEADER) > 1
