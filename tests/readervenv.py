@@ -45,9 +45,15 @@ def _pip(python: Path, args: list[str], log) -> None:
         raise RuntimeError(f"{' '.join(cmd)} exited with {done.returncode}")
 
 
-def reader_python(name: str, requirements: tuple[str, ...]) -> Path:
-    """The python of the reader venv ``name`` holding ``TORCH`` then ``requirements`` (built once)."""
-    key = hashlib.sha256(json.dumps([sys.version_info[:2], TORCH, *requirements]).encode()).hexdigest()[:12]
+def reader_python(name: str, requirements: tuple[str, ...], *, stubs: dict[str, str] | None = None,
+                  remove: tuple[str, ...] = ()) -> Path:
+    """The python of the reader venv ``name`` holding ``TORCH`` then ``requirements`` (built once).
+    ``remove``: distributions pip installed that are then uninstalled; ``stubs``: files (path
+    under site-packages: source) written in their place, for imports the reader's path never
+    uses (a test says why in its docstring)."""
+    stubs = stubs or {}
+    key = hashlib.sha256(json.dumps([sys.version_info[:2], TORCH, *requirements, sorted(stubs.items()),
+                                     remove]).encode()).hexdigest()[:12]
     folder = ROOT / f"{name}-{key}"
     if folder.name in _built:
         return _built[folder.name]
@@ -66,7 +72,19 @@ def reader_python(name: str, requirements: tuple[str, ...]) -> Path:
                     subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True, stdout=log,
                                    stderr=subprocess.STDOUT)
                     _pip(python, [TORCH], log)  # first: what the reader's own torch requirement then finds
-                    _pip(python, [*requirements], log)
+                    _pip(python, [TORCH, *requirements], log)  # again: the resolver keeps this torch
+                    if remove:
+                        cmd = [str(python), "-m", "pip", "uninstall", "-y", *remove]
+                        log.write(f"$ {' '.join(cmd)}\n")
+                        log.flush()
+                        subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+                    if stubs:
+                        site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                                                   check=True, capture_output=True, text=True).stdout.strip())
+                        for rel, source in stubs.items():
+                            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+                            (site / rel).write_text(source)
+                            log.write(f"stub {site / rel}\n")
                 except (RuntimeError, subprocess.SubprocessError) as e:
                     log.close()
                     tail = "\n".join(log_path.read_text().splitlines()[-15:])
