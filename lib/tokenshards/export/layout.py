@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 SPLITS = ("val", "train")
-PIECE_OPS = ("tokens", "lengths", "offsets")
+PIECE_OPS = ("tokens", "lengths", "offsets", "sized")
 """Operations that read a piece of a split's stream: op[1] is the piece, op[2] the split."""
 
 
@@ -119,6 +119,26 @@ class DocRecords:
 
 
 @dataclass(frozen=True)
+class SizedDocs:
+    """Documents [first, first + docs) of a split, which hold ``tokens`` tokens, each written as
+    its uint32 byte count then its tokens as ``dtype`` (an MDS sample of one variable-size
+    ``bytes`` column). Its size needs only the counts; a format makes one per piece of the stream
+    (whose document and token counts the client knows), so a chunk renders only what it holds.
+    One element: a chunk that takes any of it renders it whole."""
+
+    split: str
+    first: int
+    docs: int
+    tokens: int
+    dtype: str
+    count = 1
+
+    @property
+    def itemsize(self) -> int:
+        return 4 * self.docs + self.tokens * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
 class DocIndex:
     """int64 0, 1, ..., count-1 (Megatron's document indices: one sequence per document)."""
 
@@ -190,6 +210,9 @@ def _ops(region, e0: int, e1: int, streams: Streams) -> list[tuple]:
             ops += [("offsets", k, region.split, a, b, int(tb[k]), 1, end, "<i8")
                     for k, a, b in locate(streams.doc_bounds[region.split], d0, d1)]
         return [*ops, ("encode", region.encode, d1 - d0, region.params)]
+    if isinstance(region, SizedDocs):
+        return [("sized", k, region.split, a, b, region.dtype)
+                for k, a, b in locate(streams.doc_bounds[region.split], region.first, region.first + region.docs)]
     if isinstance(region, DocIndex):
         return [("arange", e0, e1)]
     raise TypeError(f"unknown region {region!r}")

@@ -47,6 +47,26 @@ class DocView:
             raise UserError(f"{where}: a document of {lengths.max():,} tokens does not fit Megatron's int32 sequence lengths")
         return lengths.astype("<i4")
 
+    def sized(self, split: str, lo: int, hi: int, dtype: str) -> bytes:
+        """Documents [lo, hi), each as its uint32 byte count then its tokens as ``dtype`` (MDS samples)."""
+        itemsize = np.dtype(dtype).itemsize
+        nbytes = self.length[lo:hi] * itemsize
+        if len(nbytes) and nbytes.max() > np.iinfo(np.uint32).max:
+            where = ", ".join(sorted({self.files[s].partitions[k].docs_file
+                                      for s, k in zip(self.src[lo:hi].tolist(), self.part[lo:hi].tolist())}))
+            raise UserError(f"{where}: a document of {nbytes.max() // itemsize:,} tokens does not fit an MDS sample's "
+                            "uint32 byte count")
+        body = self.tokens(split, int(self.cum[lo]), int(self.cum[hi])).astype(dtype, copy=False).view(np.uint8)
+        out = np.empty(4 * len(nbytes) + len(body), np.uint8)
+        # Sample i starts after i heads and the bytes of the documents before it.
+        at = 4 * np.arange(len(nbytes)) + (np.cumsum(nbytes) - nbytes)
+        head = np.zeros(len(out), bool)
+        for j in range(4):
+            head[at + j] = True
+        out[head] = nbytes.astype("<u4").view(np.uint8)
+        out[~head] = body
+        return out.tobytes()
+
     def offsets(self, split: str, lo: int, hi: int, base: int, scale: int, end: bool, dtype: str) -> np.ndarray:
         """``base + scale x`` the stream offset of each document [lo, hi)'s first token (or, with
         ``end``, one past its last), as ``dtype``: byte pointers, token ends."""

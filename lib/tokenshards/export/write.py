@@ -125,6 +125,9 @@ def render(chunk: Chunk, view) -> bytes:
             elif kind == "offsets":
                 _, k, split, lo, hi, base, scale, end, dtype = op
                 pieces.append(view(k, split).offsets(split, lo, hi, base, scale, end, dtype).tobytes())
+            elif kind == "sized":
+                _, k, split, lo, hi, dtype = op
+                pieces.append(view(k, split).sized(split, lo, hi, dtype))
             elif kind == "encode":  # what this segment's ops rendered: starts then ends of `n` documents
                 _, encode, n, params = op
                 offsets = np.frombuffer(b"".join(pieces), dtype="<i8")

@@ -8,10 +8,10 @@ here, its line in ``_MODULES``, and its test.
 from __future__ import annotations
 
 from ..layout import OutFile, Streams
-from . import datatrove, litdata, llmc, megatron, nanogpt, npy, olmo
+from . import datatrove, litdata, llmc, mds, megatron, nanogpt, npy, olmo
 from .base import DEFAULT_PREFIX, MIN_SHARD_FRACTION, Format, Plan, shard_sizes, unsupported
 
-_MODULES = (llmc, npy, nanogpt, megatron, olmo, datatrove, litdata)
+_MODULES = (llmc, npy, nanogpt, megatron, olmo, datatrove, litdata, mds)
 REGISTRY: dict[str, Format] = {m.FORMAT.name: m.FORMAT for m in _MODULES}
 FORMATS = tuple(REGISTRY)
 
