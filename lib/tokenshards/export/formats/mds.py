@@ -3,7 +3,9 @@
 ``shard.NNNNN.mds`` files and the ``index.json`` naming them. One sample per document (its eot
 included), one column ``tokens`` encoded ``bytes``: llm-foundry reads it with
 ``token_encoding_type`` set to the dtype the summary says (``uint16``, or ``uint32`` for
-vocabularies over 65,536 ids; its default is int64).
+vocabularies over 65,536 ids; its default is int64). llm-foundry's own converters now write
+``ndarray`` columns and call ``bytes`` samples legacy, but still read them (see the end for why not
+``ndarray``).
 
 A shard, as streaming's ``MDSWriter.encode_joint_shard`` lays it out: uint32 sample count, uint32
 byte offset of every sample and of the shard's end (count + 1, from the file's start), the writer's
