@@ -98,7 +98,7 @@ def reader_python(name: str, requirements: tuple[str, ...], *, stubs: dict[str, 
     return python
 
 
-def run_reader(python: Path, script: str, args: dict, *, timeout: int = 300) -> None:
+def run_reader(python: Path, script: str, args, *, timeout: int = 300) -> None:
     """Run a reader ``script`` (its source) in ``python`` with ``args`` as JSON in argv[1]; its
     output goes into the files the args name. Fails the test with the script's stderr."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}

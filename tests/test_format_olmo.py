@@ -26,18 +26,18 @@ import numpy as np
 from olmo_core.data.numpy_dataset import NumpyFSLDataset
 from olmo_core.data.utils import iter_document_indices, load_array_slice
 
-a = json.loads(sys.argv[1])
-path, dtype, got = Path(a["path"]), np.dtype(a["dtype"]).type, Path(a["got"])
-np.save(got / "whole.npy", load_array_slice(path, 0, a["tokens"], dtype))
-ds = NumpyFSLDataset(path, sequence_length=a["seq"], pad_token_id=a["eot"], eos_token_id=a["eot"],
-                     vocab_size=a["n_vocab"], dtype=dtype)
-ds.work_dir = got / "work"
-ds.prepare()
-instances = [ds[i]["input_ids"].numpy() for i in range(len(ds))]
-np.save(got / "instances.npy", np.concatenate(instances) if instances else np.empty(0, dtype))
-docs = [load_array_slice(path, s, e, dtype).tolist()
-        for s, e in iter_document_indices(path, use_array_if_local=False, dtype=dtype)]
-(got / "read.json").write_text(json.dumps({"len": len(ds), "docs": docs}))
+for a in json.loads(sys.argv[1]):  # one per split
+    path, dtype, got = Path(a["path"]), np.dtype(a["dtype"]).type, Path(a["got"])
+    np.save(got / "whole.npy", load_array_slice(path, 0, a["tokens"], dtype))
+    ds = NumpyFSLDataset(path, sequence_length=a["seq"], pad_token_id=a["eot"], eos_token_id=a["eot"],
+                         vocab_size=a["n_vocab"], dtype=dtype)
+    ds.work_dir = got / "work"
+    ds.prepare()
+    instances = [ds[i]["input_ids"].numpy() for i in range(len(ds))]
+    np.save(got / "instances.npy", np.concatenate(instances) if instances else np.empty(0, dtype))
+    docs = [load_array_slice(path, s, e, dtype).tolist()
+            for s, e in iter_document_indices(path, use_array_if_local=False, dtype=dtype)]
+    (got / "read.json").write_text(json.dumps({"len": len(ds), "docs": docs}))
 '''
 
 
@@ -61,19 +61,21 @@ def test_olmo_reader_gives_the_npy_streams_and_documents(case, cluster, runs, ol
     said = "\n".join(summary.lines())
     assert f"dtype={np.dtype(dtype).name}, eos_token_id={eot_of(out)};" in said
     assert "this run's eot is at the start of each document" in said and "use_array_if_local=False" in said
+    seq = 64  # training instances: sequence_length tokens each, back to back; the tail under one is not read
+    jobs = []
     for split in ("train", "val"):
-        ref = reference[split]
         folder = dest / split
         assert sorted(p.name for p in folder.iterdir()) == ["fineweb.csv.gz", "fineweb.npy"]
         path = folder / "fineweb.npy"
         with pytest.raises(ValueError):  # headerless: never taken for a real .npy
             np.load(path)
+        (tmp_path / f"read-{split}").mkdir()
+        jobs.append({"path": str(path), "dtype": np.dtype(dtype).name, "tokens": len(reference[split]), "seq": seq,
+                     "eot": eot_of(out), "n_vocab": encoding["n_vocab"], "got": str(tmp_path / f"read-{split}")})
+    run_reader(olmo_python, READER, jobs)
+    for split in ("train", "val"):
+        ref = reference[split]
         got = tmp_path / f"read-{split}"
-        got.mkdir()
-        # Training instances: sequence_length tokens each, back to back; the tail under one is not read.
-        seq = 64
-        run_reader(olmo_python, READER, {"path": str(path), "dtype": np.dtype(dtype).name, "tokens": len(ref),
-                                         "seq": seq, "eot": eot_of(out), "n_vocab": encoding["n_vocab"], "got": str(got)})
         whole = np.load(got / "whole.npy")
         assert whole.dtype == dtype and whole.tolist() == ref.tolist()
         read = json.loads((got / "read.json").read_text())
@@ -84,4 +86,4 @@ def test_olmo_reader_gives_the_npy_streams_and_documents(case, cluster, runs, ol
         # Documents from the .csv.gz, each whole with its eot.
         assert [tuple(d) for d in read["docs"]] == expected_docs(case, out, reference, split)
         if case != "plain" and split == "train":
-            assert (folder / "fineweb.csv.gz").read_bytes().count(olmo.GZIP_HEADER) > 1
+            assert (dest / split / "fineweb.csv.gz").read_bytes().count(olmo.GZIP_HEADER) > 1
