@@ -29,8 +29,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / ".venvs" / "readers"
 TORCH = "torch==2.13.0"
-BUILD_TIMEOUT = 1200
-"""Seconds for one pip install (torch comes from the local wheel folder; the rest from the index)."""
+BUILD_TIMEOUT = 500
+"""Seconds for one pip install (torch comes from the local wheel folder; the rest from the index).
+A build took 75-160 s here (warm and cold pip cache)."""
+TEST_TIMEOUT = 2 * BUILD_TIMEOUT + 300
+"""For ``pytest.mark.timeout`` of a module whose first test builds a venv (its fixture counts)."""
 
 _built: dict[str, Path] = {}
 _failed: dict[str, str] = {}

@@ -18,7 +18,9 @@ import json
 import numpy as np
 import pytest
 from formatcheck import CASES, case_options, eot_of, expected_docs, export, npy_streams, runs  # noqa: F401  (fixture)
-from readervenv import reader_python, run_reader
+from readervenv import TEST_TIMEOUT, reader_python, run_reader
+
+pytestmark = pytest.mark.timeout(TEST_TIMEOUT)  # the first test builds the reader venv
 
 STREAMING = ("mosaicml-streaming==0.13.0",)
 TORCHVISION_STUB = {

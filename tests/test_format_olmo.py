@@ -14,7 +14,9 @@ import json
 import numpy as np
 import pytest
 from formatcheck import CASES, case_options, eot_of, expected_docs, export_with_summary, npy_streams, runs  # noqa: F401  (fixture)
-from readervenv import reader_python, run_reader
+from readervenv import TEST_TIMEOUT, reader_python, run_reader
+
+pytestmark = pytest.mark.timeout(TEST_TIMEOUT)  # the first test builds the reader venv
 
 OLMO_CORE = ("ai2-olmo-core==3.0.0",)
 
