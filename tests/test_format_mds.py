@@ -17,7 +17,7 @@ import json
 
 import numpy as np
 import pytest
-from formatcheck import CASES, case_options, eot_of, expected_docs, export, npy_streams, runs  # noqa: F401  (fixture)
+from formatcheck import CASES, case_options, eot_of, expected_docs, export_with_summary, npy_streams, runs  # noqa: F401  (fixture)
 from readervenv import TEST_TIMEOUT, reader_python, run_reader
 
 pytestmark = pytest.mark.timeout(TEST_TIMEOUT)  # the first test builds the reader venv
@@ -102,7 +102,8 @@ def test_mds_reader_gives_the_npy_documents(case, cluster, runs, mds_python, tmp
         options = {**options, "chunk_bytes": 777}
     dtype = np.uint32 if case == "wide" else np.uint16
     reference = npy_streams(cluster, out, tmp_path / "npy", **options)
-    dest = export(cluster, out, tmp_path / "mds", format="mds", **options)
+    dest, summary = export_with_summary(cluster, out, tmp_path / "mds", format="mds", **options)
+    assert f"token_encoding_type='{np.dtype(dtype).name}'" in "\n".join(summary.lines())
     for split in ("train", "val"):
         index = json.loads((dest / split / "index.json").read_text())
         names = [s["raw_data"]["basename"] for s in index["shards"]]
