@@ -5,8 +5,9 @@ Some readers cannot be installed beside tokenshards (OLMo-core's cached-path nee
 anyway. ``reader_python(name, requirements)`` gives the ``python`` of a venv holding
 ``requirements`` (torch pinned first: ``TORCH``, the CPU build in the machines' wheel folder, so
 pip never reaches for a newer CUDA build). The venv lives in ``.venvs/readers/NAME-HASH`` at the
-repo root (``.gitignore`` ignores it), HASH of the requirements and this Python's version, so a
-second run, or a second test module, reuses it; a lock makes concurrent sessions build it once;
+repo root (``.gitignore`` ignores it), HASH of the requirements, removals, stubs and this
+Python's version, so a second run, or a second test module, reuses it (a changed spec builds a
+new folder; the old one stays until removed by hand); a lock makes concurrent sessions build it once;
 ``.complete`` marks a finished build (a half-built folder is built again). When pip cannot
 install the reader here, the test is skipped with pip's last lines as the reason.
 
