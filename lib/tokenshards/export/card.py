@@ -9,27 +9,31 @@ nothing). The YAML header is the minimal metadata the Hub reads: a pretty name, 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
+from .formats import REGISTRY
+
 MARKER = "<!-- written by tokenshards export; rewritten by the next publish into this folder -->"
 
-FORMATS = {
-    "llmc": ("llm.c `.bin` shards: a 256 × int32 header (magic, version, token count), then the tokens; "
-             "read by llm.c and modded-nanogpt", ["llm.c", "modded-nanogpt"]),
-    "npy": ("build-nanogpt `.npy` shards: `np.save` of a 1-D token array", ["build-nanogpt"]),
-    "nanogpt": ("nanoGPT's `train.bin` / `val.bin`: raw tokens, read with `np.memmap`", ["nanogpt"]),
-    "megatron": ("Megatron-LM indexed dataset (`.bin` + `.idx`, MMIDIDX), one sequence per document", ["megatron-lm"]),
-}
 EOT = {"prefix": "before each document (`[eot] + tokens`, as llm.c, build-nanogpt and modded-nanogpt write)",
        "suffix": "after each document (`tokens + [eot]`, as Megatron's `--append-eod`)",
        "none": "none: documents follow each other with no separator"}
 
 
+def _described(fmt: str) -> tuple[str, list[str]]:
+    """What the format is and the Hub tags of who reads it, from the format's own module."""
+    f = REGISTRY.get(fmt)
+    if f is None:  # a record of a format this version does not know
+        return fmt, []
+    return f.card or f.help, re.findall(r"[\w.\-]+", f.reader.lower())
+
+
 def dataset_card(record: dict, *, repo: str, folder: str, record_name: str) -> str:
     """Markdown with a YAML header; says what the export holds and how a trainer downloads it."""
     fmt = record["export_format"]
-    what, tags = FORMATS.get(fmt, (fmt, []))
+    what, tags = _described(fmt)
     enc = record["encoding"]
     files = record["files"]
     splits = record["splits"]

@@ -51,6 +51,8 @@ class Format:
     """``--shard-tokens`` / ``--min-shard-tokens`` apply (else one file, or the format's own pieces, per split)."""
     fixed_names: str = ""
     """Why ``--prefix`` does not apply, when the reader wants fixed names; empty: it applies."""
+    card: str = ""
+    """What the files are, in Markdown, for a published export's dataset card; empty: ``help``."""
 
     def dtype(self, source_dtype: str) -> str:
         """The dtype the format stores; refuses what its reader cannot take. By default the

@@ -56,6 +56,8 @@ class Llmc(Format):
     reader = "llm.c, modded-nanogpt"
     help = ("llm.c .bin shards (GPT-2 layout, also read by modded-nanogpt; vocabularies over 65,536 ids get "
             "llm.c's llama-3 layout, which only llm.c's train_llama3.py reads)")
+    card = ("llm.c `.bin` shards: a 256 × int32 header (magic, version, token count), then the tokens; "
+            "read by llm.c and modded-nanogpt")
     sharded = True
 
     def check(self, config) -> None:

@@ -26,6 +26,7 @@ class Megatron(Format):
     name = "megatron"
     reader = "Megatron-LM"
     help = "Megatron-LM .bin/.idx (MMIDIDX, one sequence per document)"
+    card = "Megatron-LM indexed dataset (`.bin` + `.idx`, MMIDIDX), one sequence per document"
 
     def dtype(self, source_dtype: str) -> str:
         return "<i4" if wide(source_dtype) else "<u2"

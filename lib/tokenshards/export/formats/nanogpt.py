@@ -10,6 +10,7 @@ class NanoGPT(Format):
     name = "nanogpt"
     reader = "nanoGPT"
     help = "nanoGPT train.bin/val.bin (raw uint16)"
+    card = "nanoGPT's `train.bin` / `val.bin`: raw tokens, read with `np.memmap`"
     fixed_names = "nanoGPT's train.py reads the fixed names train.bin and val.bin"
 
     def dtype(self, source_dtype: str) -> str:

@@ -24,6 +24,7 @@ class Npy(Format):
     name = "npy"
     reader = "build-nanogpt"
     help = "build-nanogpt .npy shards (np.save, uint16 or uint32)"
+    card = "build-nanogpt `.npy` shards: `np.save` of a 1-D token array"
     sharded = True
 
     def files(self, streams: Streams, plan: Plan) -> list[OutFile]:
