@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,9 +18,9 @@ from huggingface_hub import HfApi, RepoFile, constants, get_token
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
 
 from ..errors import UserError
+from .hub.retry import TRANSIENT_STATUS, first_line, retry_call
 
 SCHEME = "hf://"
-_TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
 _DEST = re.compile(r"hf://datasets/([A-Za-z0-9][\w.-]*)/([A-Za-z0-9][\w.-]*)(?:/(.*))?")
 
 
@@ -138,24 +137,17 @@ def remote_files(api: HfApi, dest: HubDestination, *, retries: int, backoff: flo
 def retrying(call, *, retries: int, backoff: float):
     """``call()``, retried on 429, 5xx and network errors (huggingface_hub retries its own
     uploads' PUTs this way, not its commit or its repo calls)."""
-    attempt = 0
-    while True:
-        try:
-            return call()
-        except Exception as e:
-            if not is_transient(e) or attempt >= retries:
-                raise
-            time.sleep(min(60.0, backoff * 2**attempt))
-            attempt += 1
+    return retry_call(call, retries=retries, backoff=backoff, transient=is_transient)
 
 
 def is_transient(e: BaseException | None) -> bool:
     """429, 5xx or a network error, raised as such or anywhere down its causes (huggingface_hub
-    wraps a failed LFS upload in ``RuntimeError("Error while uploading ...")``)."""
+    wraps a failed LFS upload in ``RuntimeError("Error while uploading ...")``: deeper than the
+    one level ``storage.hub``'s downloads look)."""
     seen = 0
     while e is not None and seen < 10:
         if isinstance(e, HfHubHTTPError) and e.response is not None:
-            return e.response.status_code in _TRANSIENT_STATUS
+            return e.response.status_code in TRANSIENT_STATUS
         if isinstance(e, httpx2.TransportError):
             return True
         e, seen = e.__cause__ or e.__context__, seen + 1
@@ -170,7 +162,3 @@ def _token_source(token: str) -> str:
     return "HF_TOKEN" if token in (os.environ.get("HF_TOKEN"), os.environ.get("HUGGING_FACE_HUB_TOKEN")) \
         else f"the token file ({constants.HF_TOKEN_PATH})"
 
-
-def first_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:200]}"

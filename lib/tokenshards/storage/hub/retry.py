@@ -6,6 +6,7 @@ repo info to its caller; a batch job fetching hundreds of GB retries those too, 
 from __future__ import annotations
 
 import time
+from typing import Callable, TypeVar
 
 import httpx2
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
@@ -13,6 +14,7 @@ from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 from ..hubspec import HubDataset
 
 TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
+T = TypeVar("T")
 
 
 def is_transient(e: BaseException | None) -> bool:
@@ -34,22 +36,33 @@ def is_short_read(e: BaseException) -> bool:
 
 def wait_before_retry(ds: HubDataset, attempt: int) -> int:
     """Sleep ``ds.backoff`` seconds doubled per attempt (at most 60 s); the next attempt's number."""
-    time.sleep(min(60.0, ds.backoff * 2**attempt))
+    return _backoff(ds.backoff, attempt)
+
+
+def _backoff(seconds: float, attempt: int) -> int:
+    time.sleep(min(60.0, seconds * 2**attempt))
     return attempt + 1
 
 
 def retrying(call, *, ds: HubDataset):
-    """``call()``, retried on 429/5xx/network errors: repo info is a plain GET in huggingface_hub."""
+    """``call()``, retried on 429/5xx/network errors: repo info is a plain GET in huggingface_hub.
+    A refused connection is rarely a blip: a wrong HF_ENDPOINT should fail in seconds."""
+    return retry_call(call, retries=ds.retries, backoff=ds.backoff, refused_retries=min(ds.retries, 2))
+
+
+def retry_call(call: Callable[[], T], *, retries: int, backoff: float,
+               transient: Callable[[BaseException], bool] = is_transient, refused_retries: int | None = None) -> T:
+    """``call()``, retried ``retries`` times (``refused_retries`` for a refused connection) while
+    ``transient`` says the error may pass, ``backoff`` seconds doubled per attempt (at most 60 s)."""
     attempt = 0
     while True:
         try:
             return call()
         except Exception as e:
-            # A refused connection is rarely a blip: a wrong HF_ENDPOINT should fail in seconds.
-            limit = min(ds.retries, 2) if isinstance(e, httpx2.ConnectError) else ds.retries
-            if not is_transient(e) or attempt >= limit:
+            refused = refused_retries is not None and isinstance(e, httpx2.ConnectError)
+            if not transient(e) or attempt >= (refused_retries if refused else retries):
                 raise
-            attempt = wait_before_retry(ds, attempt)
+            attempt = _backoff(backoff, attempt)
 
 
 def first_line(e: BaseException) -> str:
