@@ -178,7 +178,7 @@ def blind_machines(client, uses: Iterable[PathUse]) -> dict[PathUse, list[str]]:
         return {}
     # A cluster still starting (SLURM jobs in the queue) is checked on its first worker: the job
     # waits for one anyway. Later ones are not; tokenize checks its parts before committing.
-    _wait_for_a_worker(client)
+    wait_for_a_worker(client)
     machines = other_machines(client)
     if not machines:
         return {}
@@ -217,7 +217,7 @@ def blind_machines(client, uses: Iterable[PathUse]) -> dict[PathUse, list[str]]:
     return {use: sorted(names) for use, names in blind.items()}
 
 
-def _wait_for_a_worker(client, *, every: float = 2.0) -> None:
+def wait_for_a_worker(client, *, every: float = 2.0) -> None:
     """Until one worker is connected, or the client is closed (a watch that gave up on the
     cluster closes it: ``slurm.SlurmJobsWatch``), which raises here as any lost client would."""
     while True:
@@ -239,9 +239,14 @@ def _write_probe(path: str, token: bytes, use: PathUse) -> None:
                         "choose another path or fix its permissions") from e
 
 
+def listed(names: list[str], *, most: int = 5) -> str:
+    """Host names for a message: the first ``most``, then how many more."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def _not_shared(use: PathUse, machines: list[str]) -> str:
     here = socket.gethostname()
-    hosts = ", ".join(machines[:5]) + (f" and {len(machines) - 5} more" if len(machines) > 5 else "")
+    hosts = listed(machines)
     if use.writes:
         return (f"{use.option} {use.url} is a local path of this machine ({here}), and the workers on {hosts} see "
                 f"another folder there: what they write would land on their own disks, not in {here}'s {use.url}; "

@@ -11,7 +11,7 @@ from typing import Iterator
 
 from distributed import Client
 
-from ..cluster.machines import blind_machines
+from ..cluster.machines import blind_machines, listed
 from ..cluster.runner import Lane
 from ..storage.hubspec import HubDataset
 from ..storage.sources import Source
@@ -60,13 +60,12 @@ class AutoHub(Inputs):
         self.chosen: Inputs | None = None
 
     def set_up(self, client: Client, *, announce: Announce) -> None:
-        if not client.scheduler_info(n_workers=-1)["workers"]:
+        if not client.scheduler_info(n_workers=-1)["workers"]:  # blind_machines waits for the first one
             announce("hub: waiting for a worker to join, to know whether the workers see this machine's disk")
-            client.wait_for_workers(1)
         use = download_target(self.ds)
         blind = blind_machines(client, [use]).get(use)
         if blind:
-            hosts = ", ".join(blind[:5]) + (f" and {len(blind) - 5} more" if len(blind) > 5 else "")
+            hosts = listed(blind)
             verb = "does" if len(blind) == 1 else "do"
             self.chosen = WorkersFetched(self.ds, self.listing,
                                          why=f"{hosts} {verb} not see this machine's {use.option} {use.url}")

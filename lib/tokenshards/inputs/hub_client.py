@@ -17,7 +17,7 @@ from typing import Iterator
 from distributed import Client
 from huggingface_hub import constants
 
-from ..cluster.machines import PathUse, blind_machines
+from ..cluster.machines import PathUse, blind_machines, listed
 from ..errors import UserError
 from ..storage.hub.cache import local_path, local_sources, remember_revision, target
 from ..storage.hub.fetcher import OVERLAP_DOWNLOADS, Fetcher, arrivals, download, prepare_download
@@ -126,7 +126,7 @@ def check_workers_see(client: Client, ds: HubDataset) -> None:
 
 
 def not_seen(ds: HubDataset, machines: list[str]) -> str:
-    hosts = ", ".join(machines[:5]) + (f" and {len(machines) - 5} more" if len(machines) > 5 else "")
+    hosts = listed(machines)
     use = download_target(ds)
     elsewhere = "a --download-dir that every machine mounts" if ds.download_dir else \
         "--download-dir DIR on a filesystem every machine mounts (NFS, a cluster's /scratch)"

@@ -59,7 +59,7 @@ class WorkersFetched(Inputs):
         announce(f"hub: workers fetch the files themselves ({self.why}); each file goes to one machine")
         if not client.scheduler_info(n_workers=-1)["workers"]:
             announce("hub: waiting for a worker to join, to know where the files go")
-            client.wait_for_workers(1)
+            cluster_machines.wait_for_a_worker(client)
         plugin = HubFetchPlugin(self.ds, self.listing)
         places = {address: Place(**found) for address, found in client.run(where_files_go, plugin.ds, self.listing).items()}
         machines = group_machines(places, client.nthreads())
