@@ -23,7 +23,7 @@ from ..errors import UserError
 from . import corpus
 from ..inputs import Inputs
 from .task import FRAME_META, PIECE_META, RESULT_META, TaskResult, TaskSettings, piece_frame, read_piece, write_frame
-from .plan import BadInput, Piece
+from .plan import BadInput, Piece, submission_order
 from . import resume
 from ..cluster.progress import Progress, human
 from ..wording import counted
@@ -240,10 +240,9 @@ def _tokenize_pending(client: Client, pending: list[Piece], settings: TaskSettin
             pass                                      # is left downloaded, as a download-first run leaves it
         return 0.0, 0.0
 
-    # Largest first (Dask runs them roughly in submission order): the small last partitions of
-    # each file then fill the final wave, so cores idle less at the end. Output does not change.
-    # (Batches of arriving inputs keep this order: they are runs of this list.)
-    pending = sorted(pending, key=lambda p: (-p.text_bytes, p.index))
+    # By file, small ends last (see ``submission_order``). Batches of arriving inputs keep this
+    # order: they are runs of this list.
+    pending = submission_order(pending)
 
     def submit(batch: list[Piece], lane: runner.Lane | None) -> list:
         with dask.config.set(DASK_SETTINGS):

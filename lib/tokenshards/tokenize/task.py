@@ -24,6 +24,7 @@ from ..errors import InputChanged, InputError
 from .plan import STRING_TYPES, Piece, without_skip_hint
 from ..storage.store import describe_identity_change, file_identity_like, filesystem, join, write_atomic
 from .core import tokenize_column
+from .footers import WORKER_FOOTERS
 from .resume import done_record
 
 FRAME_META = pd.DataFrame({
@@ -138,8 +139,9 @@ def _read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.
         with fs.open(path, "rb") as f:
             # One thread per worker process already fills every core: Arrow's own pool and
             # pre-buffering would only add CPU (~40% of the read time measured here).
-            table = pq.ParquetFile(f, pre_buffer=False).read_row_groups(
-                list(range(*piece.row_groups)), columns=columns, use_threads=False)
+            parquet = pq.ParquetFile(f, pre_buffer=False, metadata=WORKER_FOOTERS.get(piece.input, piece.identity))
+            WORKER_FOOTERS.keep(piece.input, piece.identity, parquet.metadata)
+            table = parquet.read_row_groups(list(range(*piece.row_groups)), columns=columns, use_threads=False)
     except (pa.ArrowException, OSError) as e:
         _check_unchanged(fs, path, piece)  # a replaced file is not an unreadable one
         raise InputError(f"{piece.input}: row groups {piece.row_groups[0]}..{piece.row_groups[1] - 1} unreadable "
