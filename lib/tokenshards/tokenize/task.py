@@ -22,7 +22,8 @@ from ..format.v1 import PartitionEntry
 from ..encoding.encoders import WorkerEncoder
 from ..errors import InputChanged, InputError
 from .plan import STRING_TYPES, Piece, without_skip_hint
-from ..storage.store import describe_identity_change, file_identity_like, filesystem, join, write_atomic
+from ..storage.store import (describe_identity_change, file_identity_like, filesystem, join, write_atomic,
+                             write_atomic_together)
 from .core import tokenize_column
 from .footers import WORKER_FOOTERS
 from .resume import done_record
@@ -209,8 +210,8 @@ def write_partition(frame: pd.DataFrame, piece: Piece, *, settings: TaskSettings
                                backend=settings.backend,
                                invalid_rows=frame["row"].to_numpy()[invalid].tolist() if invalid else ())
     fs, root = filesystem(settings.out, settings.storage_options)
-    write_atomic(fs, join(root, files.entry.tokens_file), files.tokens)
-    write_atomic(fs, join(root, files.entry.docs_file), files.docs)
+    write_atomic_together(fs, {join(root, files.entry.tokens_file): files.tokens,
+                               join(root, files.entry.docs_file): files.docs})
     # The done record goes last: its presence is what commits the partition.
     write_atomic(fs, join(root, v1.done_file(piece.index)), json.dumps(done_record(files.entry, settings.job)).encode())
     return TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time())
