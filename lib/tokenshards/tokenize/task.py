@@ -209,9 +209,14 @@ def write_partition(frame: pd.DataFrame, piece: Piece, *, settings: TaskSettings
                                skipped_null=batch.skipped_null - len(invalid), skipped_empty=batch.skipped_empty,
                                backend=settings.backend,
                                invalid_rows=frame["row"].to_numpy()[invalid].tolist() if invalid else ())
+    _commit(files, settings)
+    return TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time())
+
+
+def _commit(files: v1.PartFiles, settings: TaskSettings) -> None:
+    """The data files, written at the same time (their fsyncs or uploads overlap), then the done
+    record: its presence is what commits the partition, so it goes only once both are whole."""
     fs, root = filesystem(settings.out, settings.storage_options)
     write_atomic_together(fs, {join(root, files.entry.tokens_file): files.tokens,
                                join(root, files.entry.docs_file): files.docs})
-    # The done record goes last: its presence is what commits the partition.
-    write_atomic(fs, join(root, v1.done_file(piece.index)), json.dumps(done_record(files.entry, settings.job)).encode())
-    return TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time())
+    write_atomic(fs, join(root, v1.done_file(files.entry.index)), json.dumps(done_record(files.entry, settings.job)).encode())
