@@ -164,7 +164,8 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, loaded, encoding_notes: 
     if config.report:
         announce(f"performance report: {config.report}")
     totals = result.totals
-    return Summary(out=config.out, partitions=len(pieces), skipped_partitions=len(committed), docs=totals["docs"],
+    kept = len(growth.kept.partitions) if growth is not None else 0  # a growth's summary counts the whole run
+    return Summary(out=config.out, partitions=kept + len(pieces), skipped_partitions=kept + len(committed), docs=totals["docs"],
                    tokens=totals["tokens"], skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
                    seconds=time.perf_counter() - t0, tokenize_seconds=max(finished - started, 0.0))
 

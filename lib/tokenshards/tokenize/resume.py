@@ -141,8 +141,10 @@ def describe_conflict(old: dict, new: dict) -> str:
 
 def add_hint(old: dict, new: dict) -> str:
     """When ``new`` is ``old`` with more inputs (the same settings, every old input unchanged): how
-    to add them instead (``tokenize --add``, ``tokenize.grow``); else nothing."""
-    settings = lambda identity: {k: v for k, v in _without_file_identities(identity).items() if k != "inputs"}  # noqa: E731
+    to add them instead (``tokenize --add``, ``tokenize.grow``); else nothing. The partition size
+    may differ (an automatic one grows with the corpus): a growth reuses the recorded one."""
+    settings = lambda identity: {k: v for k, v in _without_file_identities(identity).items()  # noqa: E731
+                                 if k not in ("inputs", "partition_bytes")}
     new_inputs = {i["path"]: i for i in new.get("inputs", [])}
     old_inputs = old.get("inputs", [])
     if settings(old) != settings(new) or not all(new_inputs.get(i["path"]) == i for i in old_inputs):
