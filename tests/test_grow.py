@@ -23,6 +23,8 @@ from test_s3 import download, upload
 
 from tokenshards.errors import InputChanged, OutputConflict
 from tokenshards.export import ExportConfig, run_export
+from tokenshards.format.reader import TokenDataset
+from tokenshards.inspect.stats import inspect_output
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.job import run_tokenize
 from tokenshards.verify.job import VerifyConfig, run_verify
@@ -132,6 +134,15 @@ def test_each_step_equals_a_run_from_scratch(grown, scratch, corpus, cluster, gp
     assert not report.problems
 
 
+def test_readers_see_one_run(grown, scratch):
+    grown_set, fresh = TokenDataset(str(grown["out"])), TokenDataset(str(scratch[-1]))
+    assert (len(grown_set), grown_set.n_tokens) == (len(fresh), fresh.n_tokens)
+    assert all((a == b).all() for a, b in zip(grown_set, fresh))
+    stats, want = inspect_output(str(grown["out"])), inspect_output(str(scratch[-1]))
+    assert (stats.docs, stats.tokens, stats.min, stats.max) == (want.docs, want.tokens, want.min, want.max)
+    assert (stats.counts == want.counts).all()
+
+
 def test_export_before_growth_stays_and_after_it_is_exact(grown, scratch, corpus, cluster, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(scratch[0], out)
@@ -214,7 +225,7 @@ def test_a_growth_killed_midway_resumes_with_the_same_command(corpus, scratch, c
     from tokenshards.demo import help_topics
 
     topics = [text for _, text in help_topics()]
-    texts = [f"copy {i}\n{topics[i % len(topics)]}" for i in range(4 * len(topics))]
+    texts = [f"copy {i}\n{topics[i % len(topics)]}" for i in range(12 * len(topics))]  # ~5.6 MB: time to kill
     pq.write_table(pa.table({"id": [f"b0-{i}" for i in range(len(texts))], "text": texts}), big, row_group_size=20)
     cmd = [TOKENSHARDS, "tokenize", "--add", "--input", str(big), "--out", str(out), "--progress", "none",
            "--scheduler", cluster.scheduler_address]
