@@ -240,6 +240,10 @@ def test_a_growth_killed_midway_resumes_with_the_same_command(corpus, scratch, c
     client.wait()
     assert json.loads((out / "manifest.json").read_text())["partitions"] == \
         json.loads((scratch[0] / "manifest.json").read_text())["partitions"]
+    report = run_verify(VerifyConfig(out=str(out), scheduler=cluster.scheduler_address), announce=lambda m: None)
+    assert not report.problems and any("unfinished `tokenize --add`" in w for w in report.warnings)
+    with pytest.raises(OutputConflict, match=r"holds an unfinished --add of 1 input \(first: .*b0.parquet\); rerun that"):
+        tokenize(cluster, files_of(corpus, STEPS[2]), out, add=True)
     time.sleep(1)  # the scheduler drops the dead client's tasks
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert rerun.returncode == 0, rerun.stderr

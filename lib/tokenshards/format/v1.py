@@ -73,6 +73,13 @@ def done_file(index: int) -> str:
     return f"{part_stem(index)}.done.json"
 
 
+def part_index(name: str) -> int | None:
+    """The partition number in a part file's name (``parts/part-00042.tokens.npy`` → 42), or None."""
+    base = name.rsplit("/", 1)[-1]
+    number = base[len("part-"):].split(".", 1)[0]
+    return int(number) if base.startswith("part-") and number.isdigit() else None
+
+
 # -- the typed manifest ----------------------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)

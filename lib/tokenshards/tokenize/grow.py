@@ -136,15 +136,15 @@ def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sour
     pending = [p for p in recorded_paths if p not in in_manifest]
     _check_named_unchanged(recorded, [u for u in named if u in in_manifest], url=url, storage_options=storage_options)
     fresh = [u for u in named if u not in in_manifest]
+    if pending and set(fresh) != set(pending):
+        raise OutputConflict(f"{url} holds an unfinished --add of {counted(len(pending), 'input')} (first: {pending[0]}); "
+                             "rerun that command to finish it before adding others")
     if not add and set(named) != set(recorded_paths):
         extra = set(named) - set(recorded_paths)
         hint = (f"; to add the {counted(len(extra), 'new input')}, pass --add"
                 if set(recorded_paths) <= set(named) else "; use another --out, or pass --overwrite to replace it")
         raise OutputConflict(f"{url} holds a grown run of other inputs ({len(extra)} added, "
                              f"{len(set(recorded_paths) - set(named))} removed){hint}")
-    if pending and set(fresh) != set(pending):
-        raise OutputConflict(f"{url} holds an unfinished --add of {counted(len(pending), 'input')} (first: {pending[0]}); "
-                             "rerun that command to finish it before adding others")
     generation = max((v1.input_generation(i) for i in recorded["inputs"]), default=0) if pending else \
         max((v1.input_generation(i) for i in kept.inputs), default=0) + 1
     growth = Growth(kept=kept, recorded=recorded, generation=generation, first_index=v1.planned_count(kept),
