@@ -278,6 +278,13 @@ def test_growth_on_s3(s3, corpus, scratch, cluster, tmp_path):  # noqa: F811
     assert [i["generation"] for i in manifest["inputs"]] == [0, 0, 1]
     assert [e["sha256"] for e in manifest["partitions"]] == \
            [e["sha256"] for e in json.loads((scratch[1] / "manifest.json").read_text())["partitions"]]
+    # A growth that died midway (the old manifest, some new partitions never committed): the same command finishes it.
+    fs, new = s3.fs(), [e["index"] for e in manifest["partitions"]][len(json.loads(one["manifest.json"])["partitions"]):]
+    fs.pipe_file(f"{bucket}/run/manifest.json", one["manifest.json"])
+    fs.rm([f"{bucket}/run/parts/part-{i:05d}.done.json" for i in new[::2]])
+    run(STEPS[1], add=True)
+    download(s3, f"{bucket}/run", tmp_path / "again")
+    assert snapshot(tmp_path / "again") == two
     # An input changed in the bucket since it was added: refused, nothing written.
     s3.fs().pipe_file(f"{bucket}/in/a0.parquet", (corpus["folder"] / "a1.parquet").read_bytes())
     with pytest.raises(InputChanged, match=r"s3://.*/in/a0.parquet changed since it was added"):
