@@ -24,8 +24,10 @@ from test_s3 import download, upload
 from tokenshards.errors import InputChanged, OutputConflict
 from tokenshards.export import ExportConfig, run_export
 from tokenshards.format.reader import TokenDataset
+from tokenshards.format.v1 import Encoding, Manifest
 from tokenshards.inspect.stats import inspect_output
 from tokenshards.tokenize.config import TokenizeConfig
+from tokenshards.tokenize.grow import inputs_to_add
 from tokenshards.tokenize.job import run_tokenize
 from tokenshards.verify.job import VerifyConfig, run_verify
 
@@ -291,3 +293,31 @@ def test_growth_on_s3(s3, corpus, scratch, cluster, tmp_path):  # noqa: F811
         run(("a0", "c0"), add=True)
     download(s3, f"{bucket}/run", tmp_path / "three")
     assert snapshot(tmp_path / "three") == two
+
+
+# -- the pure decision: what a command adds to the run in OUT -------------------------------------
+def _run(paths_by_generation: dict[int, list[str]], *, finished: int) -> tuple[dict, Manifest]:
+    """A job file and a manifest whose generations up to ``finished`` are done."""
+    inputs = [{"path": p, "generation": g} for g, paths in paths_by_generation.items() for p in paths]
+    manifest = Manifest(encoding=Encoding(name="gpt2", n_vocab=50257, eot=50256, dtype="uint16"), eot_position="prefix",
+                        text_column="text", inputs=tuple(i for i in inputs if i["generation"] <= finished),
+                        partitions=(), totals={})
+    return {"inputs": inputs}, manifest
+
+
+def test_inputs_to_add_numbers_generations_and_guards_unfinished_growths():
+    recorded, kept = _run({0: ["a", "b"]}, finished=0)
+    assert inputs_to_add(recorded, kept, ["a", "c"], add=True, url="OUT") == ({"c"}, 1, False)
+    assert inputs_to_add(recorded, kept, ["c"], add=True, url="OUT") == ({"c"}, 1, False)
+    assert inputs_to_add(recorded, kept, ["a", "b"], add=True, url="OUT") == (set(), 1, False)
+    recorded, kept = _run({0: ["a"], 1: ["b"], 2: ["c", "d"]}, finished=1)  # generation 2 was interrupted
+    assert inputs_to_add(recorded, kept, ["d", "c"], add=True, url="OUT") == ({"c", "d"}, 2, True)
+    assert inputs_to_add(recorded, kept, ["a", "b", "c", "d"], add=False, url="OUT") == ({"c", "d"}, 2, True)
+    with pytest.raises(OutputConflict, match=r"^OUT holds an unfinished --add of 2 inputs \(first: c\); rerun that"):
+        inputs_to_add(recorded, kept, ["c", "e"], add=True, url="OUT")
+    recorded, kept = _run({0: ["a"], 1: ["b"]}, finished=1)
+    with pytest.raises(OutputConflict, match=r"grown run of other inputs \(1 added, 0 removed\); to add the 1 new input, pass --add$"):
+        inputs_to_add(recorded, kept, ["a", "b", "c"], add=False, url="OUT")
+    with pytest.raises(OutputConflict, match=r"\(0 added, 1 removed\); use another --out, or pass --overwrite"):
+        inputs_to_add(recorded, kept, ["a"], add=False, url="OUT")
+

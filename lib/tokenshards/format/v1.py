@@ -297,9 +297,12 @@ def grown_manifest(kept: Manifest, added: Manifest, *, generation: int, parts_jo
     if without_id:
         extra["inputs_without_id_column"] = without_id
     backends = sorted({b for m in (kept, added) if m.backend for b in m.backend.split(", ")})
+    # A whole input skipped as unreadable before and added again (fixed since) is no longer skipped.
+    now_in = {i["path"] for i in added.inputs} | {s["path"] for s in added.skipped_inputs if s.get("partition") is None}
+    skipped = tuple(s for s in kept.skipped_inputs if s.get("partition") is not None or s.get("path") not in now_in)
     return dataclasses.replace(
         added, id_column=kept.id_column or added.id_column, inputs=tuple(inputs), partitions=tuple(entries),
-        totals=_totals(entries), parts_job=parts_job, skipped_inputs=kept.skipped_inputs + added.skipped_inputs,
+        totals=_totals(entries), parts_job=parts_job, skipped_inputs=skipped + added.skipped_inputs,
         extra=extra, backend=", ".join(backends) if backends else None)
 
 

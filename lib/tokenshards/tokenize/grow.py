@@ -118,11 +118,10 @@ def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sour
     if not add and not is_grown(recorded):
         return None
     named = [s.url for s in sources]
-    recorded_paths = [i["path"] for i in recorded.get("inputs", [])]
     try:
         kept = v1.read_manifest(fs, root)
     except FileNotFoundError:
-        if set(named) == set(recorded_paths):
+        if set(named) == {i["path"] for i in recorded.get("inputs", [])}:
             return None  # the first run, unfinished: finishing it is an ordinary resume
         raise OutputConflict(f"{url} holds an unfinished run of other inputs; rerun its own command to finish it "
                              "before adding inputs, or pass --overwrite to replace it") from None
@@ -132,28 +131,40 @@ def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sour
         raise OutputConflict(f"--partition-mb {partition_bytes / 1e6:g} differs from the "
                              f"{recorded.get('partition_bytes', 0) / 1e6:g} MB the run in {url} was cut with; a growth "
                              "reuses it: drop --partition-mb")
-    in_manifest = {i["path"]: i for i in kept.inputs}
-    pending = [p for p in recorded_paths if p not in in_manifest]
+    in_manifest = {i["path"] for i in kept.inputs}
     _check_named_unchanged(recorded, [u for u in named if u in in_manifest], url=url, storage_options=storage_options)
-    fresh = [u for u in named if u not in in_manifest]
-    if pending and set(fresh) != set(pending):
+    fresh, generation, finishing = inputs_to_add(recorded, kept, named, add=add, url=url)
+    growth = Growth(kept=kept, recorded=recorded, generation=generation, first_index=v1.planned_count(kept),
+                    sources=tuple(s for s in sources if s.url in fresh))
+    if growth.sources:
+        announce(f"--add: {url} keeps its {counted(len(kept.inputs), 'input')} and "
+                 f"{counted(len(kept.partitions), 'partition')} as they are; {'finishing' if finishing else 'adding'} "
+                 f"{counted(len(growth.sources), 'input')} as generation {generation}, partitions from {growth.first_index}")
+    return growth
+
+
+def inputs_to_add(recorded: dict, kept: Manifest, named: list[str], *, add: bool, url: str) -> tuple[set[str], int, bool]:
+    """(the inputs of ``named`` to plan, their generation, whether they finish an interrupted
+    growth), given OUT's job file and finished manifest; or a one-line refusal. Pure.
+
+    Inputs in the job file but not in the manifest are an unfinished growth: only the same inputs
+    may be named beyond those in OUT, until it is finished. Without ``--add`` (a grown run), the
+    named inputs must be the run's."""
+    recorded_paths = [i["path"] for i in recorded.get("inputs", [])]
+    in_manifest = {i["path"] for i in kept.inputs}
+    pending = [p for p in recorded_paths if p not in in_manifest]
+    fresh = {u for u in named if u not in in_manifest}
+    if pending and fresh != set(pending):
         raise OutputConflict(f"{url} holds an unfinished --add of {counted(len(pending), 'input')} (first: {pending[0]}); "
                              "rerun that command to finish it before adding others")
     if not add and set(named) != set(recorded_paths):
-        extra = set(named) - set(recorded_paths)
-        hint = (f"; to add the {counted(len(extra), 'new input')}, pass --add"
-                if set(recorded_paths) <= set(named) else "; use another --out, or pass --overwrite to replace it")
-        raise OutputConflict(f"{url} holds a grown run of other inputs ({len(extra)} added, "
-                             f"{len(set(recorded_paths) - set(named))} removed){hint}")
-    generation = max((v1.input_generation(i) for i in recorded["inputs"]), default=0) if pending else \
-        max((v1.input_generation(i) for i in kept.inputs), default=0) + 1
-    growth = Growth(kept=kept, recorded=recorded, generation=generation, first_index=v1.planned_count(kept),
-                    sources=tuple(s for s in sources if s.url in set(fresh)))
-    if growth.sources:
-        announce(f"--add: {url} keeps its {counted(len(kept.inputs), 'input')} and "
-                 f"{counted(len(kept.partitions), 'partition')} as they are; {'finishing' if pending else 'adding'} {counted(len(growth.sources), 'input')} as "
-                 f"generation {generation}, partitions from {growth.first_index}")
-    return growth
+        added, removed = set(named) - set(recorded_paths), set(recorded_paths) - set(named)
+        hint = (f"; to add the {counted(len(added), 'new input')}, pass --add" if not removed
+                else "; use another --out, or pass --overwrite to replace it")
+        raise OutputConflict(f"{url} holds a grown run of other inputs ({len(added)} added, {len(removed)} removed){hint}")
+    if pending:
+        return fresh, max(v1.input_generation(i) for i in recorded["inputs"]), True
+    return fresh, max((v1.input_generation(i) for i in kept.inputs), default=0) + 1, False
 
 
 def _check_named_unchanged(recorded: dict, urls: list[str], *, url: str, storage_options: dict) -> None:
