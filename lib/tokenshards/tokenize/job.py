@@ -16,6 +16,7 @@ from ..cluster import interrupt, machines, runner
 from ..format import v1 as manifest
 from ..format.v1 import PartitionEntry
 from .config import TokenizeConfig
+from . import grow
 from ..encoding import prebuilt
 from ..encoding.backends import backend_version, check_request, choose
 from ..encoding.encoders import EncoderPlugin, load_encoding
@@ -24,7 +25,7 @@ from . import corpus
 from ..inputs import Inputs
 from .task import FRAME_META, PIECE_META, RESULT_META, TaskResult, TaskSettings, piece_frame, read_piece, write_frame
 from .plan import BadInput, Piece
-from . import grow, resume
+from . import resume
 from ..cluster.progress import Progress, human
 from ..wording import counted
 from ..storage.lease import Lease
