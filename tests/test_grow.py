@@ -194,7 +194,8 @@ def test_adding_the_same_inputs_again_changes_nothing(grown, corpus, cluster, tm
 def test_more_inputs_without_add_are_refused_with_a_hint(scratch, corpus, cluster, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(scratch[0], out)
-    with pytest.raises(OutputConflict, match=r"already holds a different run .*1 added.*pass --add$"):
+    with pytest.raises(OutputConflict, match=r"already holds a different run .*1 added.*\); "
+                                             r"to add the 1 new input to it, keeping its partitions, pass --add \(or"):
         tokenize(cluster, files_of(corpus, STEPS[0], STEPS[1]), out, partition_bytes=None)  # auto: another size
     with pytest.raises(OutputConflict, match="differs from the 0.006 MB the run .* was cut with; a growth reuses it"):
         tokenize(cluster, files_of(corpus, STEPS[1]), out, add=True, partition_bytes=9000)

@@ -150,7 +150,8 @@ def add_hint(old: dict, new: dict) -> str:
     if settings(old) != settings(new) or not all(new_inputs.get(i["path"]) == i for i in old_inputs):
         return ""
     added = len(new_inputs) - len(old_inputs)
-    return f"; to add the {counted(added, 'new input')} to it, keeping its partitions, pass --add" if added > 0 else ""
+    return (f"to add the {counted(added, 'new input')} to it, keeping its partitions, pass --add "
+            "(or use another --out, or pass --overwrite to replace it)") if added > 0 else ""
 
 
 def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, url: str,
@@ -174,7 +175,7 @@ def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, ur
             identity = restated
         if old != identity:
             raise OutputConflict(f"{url} already holds a different run ({describe_conflict(old, identity)}); "
-                                 "use another --out, or pass --overwrite to replace it" + add_hint(old, identity))
+                                 + (add_hint(old, identity) or "use another --out, or pass --overwrite to replace it"))
         return
     if fs.exists(join(root, v1.MANIFEST)) or fs.glob(join(root, "parts", "part-*.done.json")):
         raise OutputConflict(f"{url} already holds output that is not this run's; use another --out, or pass --overwrite to replace it")
