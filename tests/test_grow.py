@@ -270,8 +270,9 @@ def test_growth_on_s3(s3, corpus, scratch, cluster, tmp_path):  # noqa: F811
                                 storage_options=s3.storage_options, partition_bytes=PARTITION_BYTES, **options)
         return run_tokenize(config, announce=lambda m: None)
 
-    run(STEPS[0])
+    run(STEPS[0], add=True)  # --add on an empty OUT: its first run, so one command serves every step
     download(s3, f"{bucket}/run", tmp_path / "one")
+    assert data_files(snapshot(tmp_path / "one")) == data_files(snapshot(scratch[0]))
     run(STEPS[1], add=True)
     download(s3, f"{bucket}/run", tmp_path / "two")
     one, two = snapshot(tmp_path / "one"), snapshot(tmp_path / "two")
