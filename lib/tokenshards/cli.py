@@ -102,6 +102,8 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--on-bad-file", default="fail", choices=["fail", "skip"],
                    help="an unreadable input fails the job (default) or is skipped and recorded in the manifest")
     p.add_argument("--overwrite", action="store_true", help="replace a different earlier run in --out")
+    p.add_argument("--add", action="store_true",
+                   help="grow the finished run in --out with the inputs it lacks; its partitions stay as they are")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs (e.g. endpoint_url=http://127.0.0.1:9000); repeatable")
     p.add_argument("--report", metavar="FILE.html", help="save Dask's performance report of the run to FILE.html")
@@ -160,7 +162,7 @@ def _run_tokenize(args) -> int:
 
     config = TokenizeConfig(
         out=args.out, encoding=args.encoding, eot_position=args.eot, id_column=args.id_column,
-        on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite, report=args.report,
+        on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite, add=args.add, report=args.report,
         **_corpus_options(args), **_run_options(args),
     )
     return _print_lines(run_tokenize(config, announce=_say))

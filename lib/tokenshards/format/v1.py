@@ -73,6 +73,13 @@ def done_file(index: int) -> str:
     return f"{part_stem(index)}.done.json"
 
 
+def part_index(name: str) -> int | None:
+    """The partition number in a part file's name (``parts/part-00042.tokens.npy`` → 42), or None."""
+    base = name.rsplit("/", 1)[-1]
+    number = base[len("part-"):].split(".", 1)[0]
+    return int(number) if base.startswith("part-") and number.isdigit() else None
+
+
 # -- the typed manifest ----------------------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +163,7 @@ class Encoding:
         return cls(**{k: d[k] for k in ENCODING_KEYS}, extra={k: v for k, v in d.items() if k not in ENCODING_KEYS})
 
 
-_ABSENT_IF_NONE = ("job", "encoding_sha256", "partition_bytes", "planned_partitions")
+_ABSENT_IF_NONE = ("job", "parts_job", "encoding_sha256", "partition_bytes", "planned_partitions")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,7 +183,10 @@ class Manifest:
     partitions: tuple[PartitionEntry, ...]
     totals: dict
     job: str | None = None
-    """The hash of the job identity; every done record carries it."""
+    """The hash of the job identity (every input, and for a grown run each one's generation)."""
+    parts_job: str | None = None
+    """Only in a grown run (``tokenize --add``): the job hash its done records carry, which is its
+    first run's ``job``, kept by every growth so that no committed partition is rewritten."""
     encoding_sha256: str | None = None
     partition_bytes: int | None = None
     skipped_inputs: tuple[dict, ...] = ()
@@ -191,7 +201,7 @@ class Manifest:
         out: dict = {"format": self.format, "encoding": self.encoding.to_dict(), "eot_position": self.eot_position,
                      "text_column": self.text_column, "id_column": self.id_column, "inputs": list(self.inputs),
                      "partitions": [e.to_dict() for e in self.partitions], "totals": self.totals}
-        for key in ("job", "encoding_sha256", "partition_bytes"):
+        for key in ("job", "parts_job", "encoding_sha256", "partition_bytes"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.skipped_inputs:
@@ -229,6 +239,10 @@ class Manifest:
         """The partitions in plan order (the order readers and exporters number documents in)."""
         return sorted(self.partitions, key=lambda e: e.index)
 
+    def done_job(self) -> str | None:
+        """The job hash every done record of this run carries."""
+        return self.parts_job or self.job
+
     def files(self, root: str) -> list[str]:
         """The manifest and every tokens file, under ``root``: what a reader of the run opens."""
         return [join(root, MANIFEST), *(join(root, e.tokens_file) for e in self.by_index())]
@@ -239,9 +253,7 @@ def build_manifest(*, identity: dict, job: str, files: Sequence["InputFile"], sk
     """The manifest of a finished run: ``identity`` is the job identity (``tokenize.resume``),
     ``job`` its hash."""
     entries = sorted(entries, key=lambda e: e.index)
-    totals = {k: sum(int(getattr(e, k)) for e in entries) for k in TOTAL_KEYS}
-    if any(e.skipped_invalid for e in entries):  # only runs that skipped such rows carry the key
-        totals["skipped_invalid"] = sum(e.skipped_invalid for e in entries)
+    totals = _totals(entries)
     extra = dict(extra or {})
     planned = extra.pop("planned_partitions", None)
     id_column, without_id = used_id_column(files)
@@ -258,6 +270,50 @@ def build_manifest(*, identity: dict, job: str, files: Sequence["InputFile"], sk
         partition_bytes=identity["partition_bytes"], skipped_inputs=tuple(_skipped_entry(b) for b in skipped),
         planned_partitions=planned, extra=extra, backend=", ".join(used) if used else None,
     )
+
+
+def _totals(entries: Sequence[PartitionEntry]) -> dict:
+    totals = {k: sum(int(getattr(e, k)) for e in entries) for k in TOTAL_KEYS}
+    if any(e.skipped_invalid for e in entries):  # only runs that skipped such rows carry the key
+        totals["skipped_invalid"] = sum(e.skipped_invalid for e in entries)
+    return totals
+
+
+def input_generation(entry: dict) -> int:
+    """Which growth of the run added a manifest ``inputs`` entry: 0 for its first run (a run never
+    grown records no generation)."""
+    return int(entry.get("generation", 0))
+
+
+def grown_manifest(kept: Manifest, added: Manifest, *, generation: int, parts_job: str) -> Manifest:
+    """The manifest of a run grown by ``added`` (a manifest of the new inputs alone, whose ``job``
+    is the grown run's): ``kept``'s inputs and partitions unchanged, then the new ones, each input
+    recording the ``generation`` that added it. Pure."""
+    inputs = [{**i, "generation": input_generation(i)} for i in kept.inputs]
+    inputs += [{**i, "generation": generation} for i in added.inputs]
+    entries = sorted(kept.partitions + added.partitions, key=lambda e: e.index)
+    extra = {**kept.extra, **added.extra}
+    without_id = [*kept.extra.get("inputs_without_id_column", []), *added.extra.get("inputs_without_id_column", [])]
+    if without_id:
+        extra["inputs_without_id_column"] = without_id
+    backends = sorted({b for m in (kept, added) if m.backend for b in m.backend.split(", ")})
+    # A whole input skipped as unreadable before and added again (fixed since) is no longer skipped.
+    now_in = {i["path"] for i in added.inputs} | {s["path"] for s in added.skipped_inputs if s.get("partition") is None}
+    skipped = tuple(s for s in kept.skipped_inputs if s.get("partition") is not None or s.get("path") not in now_in)
+    return dataclasses.replace(
+        added, id_column=kept.id_column or added.id_column, inputs=tuple(inputs), partitions=tuple(entries),
+        totals=_totals(entries), parts_job=parts_job, skipped_inputs=skipped + added.skipped_inputs,
+        extra=extra, backend=", ".join(backends) if backends else None)
+
+
+def planned_count(manifest: Manifest) -> int:
+    """How many partition numbers a finished run used (skipped partitions included): a growth
+    numbers its partitions from here."""
+    if manifest.planned_partitions is not None:
+        return manifest.planned_partitions
+    used = [e.index for e in manifest.partitions] + [s["partition"] for s in manifest.skipped_inputs
+                                                     if s.get("partition") is not None]
+    return max(used) + 1 if used else 0
 
 
 def used_id_column(files: Sequence["InputFile"]) -> tuple[str | None, list[str]]:

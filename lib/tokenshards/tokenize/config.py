@@ -35,6 +35,8 @@ class TokenizeConfig(RunOptions):
     backend: str = "auto"
     """Tokenizer implementation: never changes the ids (a fast one is verified against tiktoken)."""
     overwrite: bool = False
+    add: bool = False
+    """Grow the finished run in ``out`` with the inputs it lacks (``tokenize.grow``)."""
     hub: HubDataset | None = None
     """A Hub dataset sample (``--dataset/--size``), tokenized after (or besides) ``inputs``."""
     # -- how it runs (and RunOptions): never changes the output bytes --
@@ -49,6 +51,9 @@ class TokenizeConfig(RunOptions):
             raise UserError(f"--eot {self.eot_position!r} not supported, expected one of {EOT_POSITIONS}")
         if self.on_bad_file not in ON_BAD_FILE:
             raise UserError(f"--on-bad-file {self.on_bad_file!r} not supported, expected one of {ON_BAD_FILE}")
+        if self.add and self.hub is not None:
+            raise UserError("--add takes --input files; a --dataset sample cannot be added to a run yet: "
+                            "download it first (`tokenshards download --to DIR`) and pass --input DIR")
         if self.partition_bytes is not None and self.partition_bytes < 1:
             raise UserError(f"--partition-mb {self.partition_bytes / 1e6:g} must be positive")
 

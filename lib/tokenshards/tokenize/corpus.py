@@ -57,9 +57,11 @@ def open_inputs(sources: list[Source], *, hub: HubDataset | None, options: RunOp
 
 
 def plan(client: Client, inputs: Inputs, *, text_column: str, id_column: str | None, storage_options: dict,
-         partition_bytes: int | None, on_bad_file: str = "fail", announce: Callable[[str], None]) -> Corpus:
+         partition_bytes: int | None, on_bad_file: str = "fail", announce: Callable[[str], None],
+         first_index: int = 0) -> Corpus:
     """The inputs' worker set-up, their footers, then the plan; unreadable inputs fail or
-    (``skip``) are announced."""
+    (``skip``) are announced. ``first_index``: the first partition's number (after the partitions
+    of the run a growth adds to)."""
     inputs.set_up(client, announce=announce)
     found = inputs.footers(client, FooterRequest(text_column=text_column, id_column=id_column,
                                                  storage_options=storage_options, on_bad_file=on_bad_file))
@@ -72,5 +74,5 @@ def plan(client: Client, inputs: Inputs, *, text_column: str, id_column: str | N
     size = partition_bytes or auto_partition_bytes(sum(sum(f.row_group_text_bytes) for f in files))
     arriving = inputs.arriving()
     return Corpus(sources=inputs.sources(), files=files, unreadable=unreadable,
-                  pieces=plan_pieces(files, target_bytes=size), partition_bytes=size, record=inputs.record(),
+                  pieces=plan_pieces(files, target_bytes=size, first_index=first_index), partition_bytes=size, record=inputs.record(),
                   arriving=frozenset(f.url for f in files if f.url in arriving))

@@ -16,6 +16,7 @@ from ..cluster import interrupt, machines, runner
 from ..format import v1 as manifest
 from ..format.v1 import PartitionEntry
 from .config import TokenizeConfig
+from . import grow
 from ..encoding import prebuilt
 from ..encoding.backends import backend_version, check_request, choose
 from ..encoding.encoders import EncoderPlugin, load_encoding
@@ -72,6 +73,13 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
     if config.overwrite and out_fs.exists(out_root):
         announce(f"--overwrite: removing the earlier run in {config.out}")
         resume.remove_run(out_fs, out_root, url=config.out)
+    growth = grow.start(out_fs, out_root, url=config.out, add=config.add, sources=sources, announce=announce,
+                        partition_bytes=config.partition_bytes, storage_options=config.storage_options)
+    if growth is not None:  # a growth (tokenize --add): plan only the inputs it adds, cut as the run was
+        if not growth.sources:
+            announce(growth.nothing_to_add(config.out, add=config.add))
+            return _unchanged_summary(config, growth.kept, t0=t0)
+        sources, config = list(growth.sources), config.replace(partition_bytes=growth.partition_bytes)
     report = _performance_report(config.report)
     # Checked before a cluster starts; its notes wait so that the dashboard link comes first.
     encoding_notes: list[str] = []
@@ -82,14 +90,14 @@ def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_
     inputs = corpus.open_inputs(sources, hub=config.hub, options=config, announce=announce, overlap=True)
     try:
         return _run_inputs(config, inputs, loaded, encoding_notes, report, lease, out_fs, out_root,
-                           local_paths=_local_paths(config, sources), t0=t0, announce=announce)
+                           local_paths=_local_paths(config, sources), t0=t0, announce=announce, growth=growth)
     finally:
         inputs.close()
 
 
 def _run_inputs(config: TokenizeConfig, inputs: Inputs, loaded, encoding_notes: list[str], report,
                 lease: Lease, out_fs, out_root: str, *, local_paths: list[machines.PathUse], t0: float,
-                announce: Callable[[str], None]) -> Summary:
+                announce: Callable[[str], None], growth: grow.Growth | None = None) -> Summary:
     """The run once its inputs are open (some may still be downloading). ``local_paths``: what
     the workers must see as this machine does, checked first thing on the cluster."""
     spec = loaded.spec
@@ -102,19 +110,26 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, loaded, encoding_notes: 
             announce(note)
         plan = corpus.plan(client, inputs, text_column=config.text_column, id_column=config.id_column,
                            storage_options=config.storage_options, partition_bytes=config.partition_bytes,
-                           on_bad_file=config.on_bad_file, announce=announce)
+                           on_bad_file=config.on_bad_file, announce=announce,
+                           first_index=growth.first_index if growth else 0)
         files, pieces, unreadable = plan.files, plan.pieces, list(plan.unreadable)
         identity = resume.job_identity(
             encoding=spec.as_dict(), encoding_fingerprint=loaded.fingerprint, eot_position=config.eot_position,
             text_column=config.text_column, id_column=config.id_column, partition_bytes=plan.partition_bytes,
             inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)} for f in files],
         )
+        if growth is not None:
+            identity = growth.identity(identity)
+            growth.claim(out_fs, out_root, identity, url=config.out)
+        else:
+            resume.claim_output(out_fs, out_root, identity, url=config.out,
+                                identity_like=lambda path, recorded: _identity_like(path, recorded, config, files))
         job = resume.identity_hash(identity)
-        resume.claim_output(out_fs, out_root, identity, url=config.out,
-                            identity_like=lambda path, recorded: _identity_like(path, recorded, config, files))
+        done_job = growth.parts_job if growth is not None else job  # what done records carry
         _clear_leftovers(out_fs, out_root)
         redo: list[str] = []
-        committed = resume.committed_entries(out_fs, out_root, job=job, pieces=pieces, redo=redo)
+        committed = resume.committed_entries(out_fs, out_root, job=done_job, pieces=pieces, redo=redo, url=config.out,
+                                             kept=growth.kept_entries() if growth is not None else None)
         for note in redo:
             announce(note)
         pending = [p for p in pieces if p.index not in committed]
@@ -125,7 +140,7 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, loaded, encoding_notes: 
         plugin = EncoderPlugin(loaded, backend=backend)
         client.register_plugin(plugin)
         settings = TaskSettings(out=config.out, storage_options=config.storage_options, encoder=plugin.ref,
-                                dtype=spec.dtype, eot_position=config.eot_position, job=job,
+                                dtype=spec.dtype, eot_position=config.eot_position, job=done_job,
                                 text_column=config.text_column, on_bad_file=config.on_bad_file,
                                 backend=backend_version(backend))
         entries = dict(committed)
@@ -144,13 +159,24 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, loaded, encoding_notes: 
     result = manifest.build_manifest(identity=identity, job=job, files=files, skipped=unreadable, entries=list(entries.values()),
                                      extra={"planned_partitions": len(pieces),
                                             **plan.record})
+    if growth is not None:
+        result = growth.manifest(result, planned=growth.first_index + len(pieces))
     manifest.write_manifest(out_fs, out_root, result)
     if config.report:
         announce(f"performance report: {config.report}")
     totals = result.totals
-    return Summary(out=config.out, partitions=len(pieces), skipped_partitions=len(committed), docs=totals["docs"],
+    kept = len(growth.kept.partitions) if growth is not None else 0  # a growth's summary counts the whole run
+    return Summary(out=config.out, partitions=kept + len(pieces), skipped_partitions=kept + len(committed), docs=totals["docs"],
                    tokens=totals["tokens"], skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
                    seconds=time.perf_counter() - t0, tokenize_seconds=max(finished - started, 0.0))
+
+
+def _unchanged_summary(config: TokenizeConfig, kept: manifest.Manifest, *, t0: float) -> Summary:
+    """The summary of a command that found nothing to do in OUT's finished run."""
+    totals, n = kept.totals, len(kept.partitions)
+    return Summary(out=config.out, partitions=n, skipped_partitions=n, docs=totals["docs"], tokens=totals["tokens"],
+                   skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
+                   seconds=time.perf_counter() - t0, tokenize_seconds=0.0)
 
 
 def _local_paths(config: TokenizeConfig, sources: list) -> list[machines.PathUse]:

@@ -150,20 +150,23 @@ def without_skip_hint(message: str) -> str:
     return message
 
 
-def plan_pieces(files: list[InputFile], *, target_bytes: int) -> list[Piece]:
+def plan_pieces(files: list[InputFile], *, target_bytes: int, first_index: int = 0) -> list[Piece]:
     """Greedy runs of row groups per file, each about ``target_bytes`` of text; a row group
-    larger than the target is a piece by itself. Empty row groups join their neighbours."""
+    larger than the target is a piece by itself. Empty row groups join their neighbours.
+    Numbered from ``first_index``: a growth (``tokenize --add``) numbers after the run it grows,
+    and each file's pieces are the same rows whatever else is planned with it."""
     pieces: list[Piece] = []
     for f in sorted(files, key=lambda f: f.url):
         start = row = first_row = size = 0
         for i, (n, b) in enumerate(zip(f.row_group_rows, f.row_group_text_bytes)):
             if i > start and size + b > target_bytes:
-                pieces.append(_piece(len(pieces), f, start, i, first_row, row - first_row, size))
+                pieces.append(_piece(first_index + len(pieces), f, start, i, first_row, row - first_row, size))
                 start, first_row, size = i, row, 0
             row += n
             size += b
         if len(f.row_group_rows) > start:
-            pieces.append(_piece(len(pieces), f, start, len(f.row_group_rows), first_row, row - first_row, size))
+            pieces.append(_piece(first_index + len(pieces), f, start, len(f.row_group_rows), first_row, row - first_row,
+                                 size))
     return pieces
 
 

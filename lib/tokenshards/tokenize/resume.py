@@ -13,6 +13,7 @@ from ..errors import OutputConflict, UserError
 from ..format import v1
 from ..format.v1 import PartitionEntry
 from ..storage.store import join, read_json, write_json
+from ..wording import counted
 from .plan import Piece
 
 JOB_FILE = v1.JOB_FILE
@@ -50,14 +51,18 @@ def done_record(entry: PartitionEntry, job: str) -> dict:
 
 
 def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pieces: list[Piece],
-                      redo: list[str] | None = None) -> dict[int, PartitionEntry]:
+                      redo: list[str] | None = None, kept: dict[int, PartitionEntry] | None = None,
+                      url: str = "") -> dict[int, PartitionEntry]:
     """Partitions an earlier run of the *same* job committed: their done record exists and so do
     their tokens and docs files, at the sizes the record gives (one listing of ``parts/``, not a
     HEAD per file). A committed partition whose files are gone or resized is left out, to be
     redone; why goes to ``redo``.
 
     A done record of another job means OUT holds a different run: refuse, saying what differs.
+    ``kept``: the partitions of the finished run a growth adds to (``tokenize --add``); their
+    records must be those entries and their files whole, since their inputs are not read again.
     """
+    kept = kept or {}
     by_index = {p.index: p for p in pieces}
     found: dict[int, PartitionEntry] = {}
     parts = join(root, "parts")
@@ -77,6 +82,9 @@ def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pie
             entry = PartitionEntry.from_dict({k: v for k, v in record.items() if k != "job"})
         except v1.ManifestError as e:
             raise OutputConflict(f"{path}: {e}; pass --overwrite to replace it") from e
+        if entry.index in kept:
+            _check_kept(entry, kept[entry.index], _files_problem(entry, sizes), path=path, url=url)
+            continue
         piece = by_index.get(entry.index)
         if piece is None or entry.input != piece.input or entry.row_groups != tuple(piece.row_groups):
             raise OutputConflict(f"{path} does not match this run's partition plan; pass --overwrite to replace it")
@@ -87,6 +95,15 @@ def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pie
             continue
         found[entry.index] = entry
     return found
+
+
+def _check_kept(entry: PartitionEntry, want: PartitionEntry, problem: str | None, *, path: str, url: str) -> None:
+    """A partition of the run a growth keeps: never redone (its input is not read again)."""
+    if entry != want:
+        problem = "its done record differs from the manifest's entry"
+    if problem:
+        raise OutputConflict(f"{path}: partition {entry.index} of {entry.input}, kept from the run in {url or 'OUT'}: "
+                             f"{problem}; run `tokenshards verify` on it, or pass --overwrite to tokenize everything again")
 
 
 def _relative(root: str, path: str) -> str:
@@ -122,6 +139,21 @@ def describe_conflict(old: dict, new: dict) -> str:
     return "; ".join(changes) or "nothing visible"
 
 
+def add_hint(old: dict, new: dict) -> str:
+    """When ``new`` is ``old`` with more inputs (the same settings, every old input unchanged): how
+    to add them instead (``tokenize --add``, ``tokenize.grow``); else nothing. The partition size
+    may differ (an automatic one grows with the corpus): a growth reuses the recorded one."""
+    settings = lambda identity: {k: v for k, v in _without_file_identities(identity).items()  # noqa: E731
+                                 if k not in ("inputs", "partition_bytes")}
+    new_inputs = {i["path"]: i for i in new.get("inputs", [])}
+    old_inputs = old.get("inputs", [])
+    if settings(old) != settings(new) or not all(new_inputs.get(i["path"]) == i for i in old_inputs):
+        return ""
+    added = len(new_inputs) - len(old_inputs)
+    return (f"to add the {counted(added, 'new input')} to it, keeping its partitions, pass --add "
+            "(or use another --out, or pass --overwrite to replace it)") if added > 0 else ""
+
+
 def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, url: str,
                  identity_like: Callable[[str, dict], dict] | None = None) -> None:
     """Record this job in OUT, or refuse when OUT already holds a different one.
@@ -143,7 +175,7 @@ def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, ur
             identity = restated
         if old != identity:
             raise OutputConflict(f"{url} already holds a different run ({describe_conflict(old, identity)}); "
-                                 "use another --out, or pass --overwrite to replace it")
+                                 + (add_hint(old, identity) or "use another --out, or pass --overwrite to replace it"))
         return
     if fs.exists(join(root, v1.MANIFEST)) or fs.glob(join(root, "parts", "part-*.done.json")):
         raise OutputConflict(f"{url} already holds output that is not this run's; use another --out, or pass --overwrite to replace it")

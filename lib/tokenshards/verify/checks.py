@@ -180,9 +180,13 @@ def check_listing(manifest: Manifest, names: list[str]) -> tuple[list[str], list
     for e in manifest.partitions:
         listed.update((e.tokens_file, e.docs_file, v1.done_file(e.index)))
     problems, warnings = [], []
+    planned = v1.planned_count(manifest)
     for name in sorted(set(names) - listed):
         if name.endswith(TEMPORARY_SUFFIX):
             warnings.append(f"{name}: temporary file left by an interrupted write; safe to delete")
+        elif (index := v1.part_index(name)) is not None and index >= planned:  # readers never see it
+            warnings.append(f"{name}: numbered after the run's {planned} partitions, not listed in manifest.json: "
+                            "left by an unfinished `tokenize --add` (rerun it to finish) or another run")
         else:
             problems.append(f"{name}: in parts/ but not listed in manifest.json (left by another run?)")
     return problems, warnings

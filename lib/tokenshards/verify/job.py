@@ -244,7 +244,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     entries = manifest.by_index()
     enc = manifest.encoding
     expected = Expected(dtype=enc.dtype, n_vocab=enc.n_vocab, eot=enc.eot, eot_position=manifest.eot_position,
-                        job=manifest.job, text_column=manifest.text_column)
+                        job=manifest.done_job(), text_column=manifest.text_column)
     loaded = None
     if config.deep:
         loaded, encoding_problems = _deep_encoding(manifest, announce=announce)

@@ -1,0 +1,186 @@
+"""Growing a finished run with more inputs (``tokenize --add``): the inputs already in OUT keep
+their partitions (never read again), the new ones are planned and numbered after them, and the
+manifest, written last as always, lists them all.
+
+What makes that possible: a partition's bytes depend only on its own input, the settings and
+the partition size, which OUT records and a growth reuses; every done record of a grown run
+carries its first run's job hash (``parts_job``), so no committed record is rewritten. Each input
+records the ``generation`` that added it (0: the first run), in the job file and the manifest.
+
+Which run in OUT a command continues is decided here, before any footer is read: ``start``
+returns None for an ordinary run (``resume.claim_output`` then decides as before), or a
+``Growth``: what is kept, which inputs to plan, from which partition number.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import fsspec
+
+from ..errors import InputChanged, OutputConflict, UserError
+from ..format import v1
+from ..format.v1 import Manifest, PartitionEntry
+from ..storage.sources import Source
+from ..storage.store import describe_identity_change, file_identity_like, filesystem, join, read_json, write_json
+from ..wording import counted
+from .resume import describe_conflict
+
+
+@dataclass(frozen=True, kw_only=True)
+class Growth:
+    kept: Manifest
+    """The finished run in OUT, whose inputs and partitions stay as they are."""
+    recorded: dict
+    """OUT's job file."""
+    generation: int
+    """The generation this growth adds (its inputs' ``generation``)."""
+    first_index: int
+    sources: tuple[Source, ...]
+    """The inputs to plan and tokenize; empty: nothing to add."""
+
+    @property
+    def parts_job(self) -> str:
+        return self.kept.done_job()
+
+    @property
+    def partition_bytes(self) -> int:
+        return int(self.recorded["partition_bytes"])
+
+    def kept_entries(self) -> dict[int, PartitionEntry]:
+        return {e.index: e for e in self.kept.partitions}
+
+    def identity(self, added: dict) -> dict:
+        """The grown run's job identity (its job file): ``added`` is the identity of the new inputs
+        alone (``resume.job_identity``); kept inputs stay as recorded."""
+        kept = {i["path"] for i in self.kept.inputs}
+        return {**added, "inputs": [i for i in self.recorded["inputs"] if i["path"] in kept]
+                + [{**i, "generation": self.generation} for i in added["inputs"]], "parts_job": self.parts_job}
+
+    def claim(self, fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, url: str) -> None:
+        """Record the grown run in OUT's job file, or refuse when the settings differ from the run
+        it grows, or an input of an unfinished growth changed since that growth planned it."""
+        settings = lambda d: {k: v for k, v in d.items() if k not in ("inputs", "parts_job")}  # noqa: E731
+        old, new = settings(self.recorded), settings(identity)
+        if old != new:
+            raise OutputConflict(f"{url} holds a run with other options ({describe_conflict(old, new)}); "
+                                 "--add keeps its options: drop the differing ones, or use another --out")
+        before = {i["path"]: i for i in self.recorded["inputs"]}
+        for now in identity["inputs"]:
+            old = before.get(now["path"])
+            if old is not None and old != now:
+                raise InputChanged(f"{now['path']} changed since an unfinished --add planned it "
+                                   f"({describe_input_change(old, now)}); restore it, or pass --overwrite to tokenize "
+                                   "everything again")
+        if identity != self.recorded:
+            write_json(fs, join(root, v1.JOB_FILE), identity)
+
+    def manifest(self, added: Manifest, *, planned: int) -> Manifest:
+        """The grown run's manifest from ``added``, the manifest of the new partitions alone."""
+        grown = v1.grown_manifest(self.kept, added, generation=self.generation, parts_job=self.parts_job)
+        return dataclasses.replace(grown, planned_partitions=planned)
+
+    def nothing_to_add(self, url: str, *, add: bool) -> str:
+        generations = sorted({v1.input_generation(i) for i in self.kept.inputs})
+        held = (f"{counted(len(self.kept.inputs), 'input')} in {counted(len(generations), 'generation')} "
+                f"(last: {generations[-1]})")
+        if add:
+            return f"--add: nothing to add: every input given is already in {url} ({held}); it is left unchanged"
+        return f"nothing to do: {url} is a finished run of these inputs ({held}); it is left unchanged"
+
+
+def describe_input_change(old: dict, new: dict) -> str:
+    """What differs between two records of one input (rows, bytes, file identity)."""
+    changes = [f"{k} {old.get(k)} → {new.get(k)}" for k in ("rows", "bytes") if old.get(k) != new.get(k)]
+    if old.get("identity") != new.get("identity") and "identity" in old:
+        changes.append(describe_identity_change(old["identity"], new.get("identity") or {}))
+    return ", ".join(changes) or "nothing visible"
+
+
+def is_grown(recorded: dict) -> bool:
+    return "parts_job" in recorded
+
+
+def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sources: list[Source],
+          partition_bytes: int | None, storage_options: dict,
+          announce: Callable[[str], None] = lambda msg: None) -> Growth | None:
+    """How this command continues the run in OUT: None for an ordinary run (no run there yet, or
+    a run never grown and no ``--add``), else the ``Growth`` to make or finish. One-line
+    refusals for what cannot be added; inputs already in OUT that are named again are checked
+    against their recorded identity (a listing, never their footers)."""
+    try:
+        recorded = read_json(fs, join(root, v1.JOB_FILE))
+    except FileNotFoundError:
+        if add:
+            announce(f"--add: {url} holds no run yet; this is its first")
+        return None
+    if not add and not is_grown(recorded):
+        return None
+    named = [s.url for s in sources]
+    try:
+        kept = v1.read_manifest(fs, root)
+    except FileNotFoundError:
+        if set(named) == {i["path"] for i in recorded.get("inputs", [])}:
+            return None  # the first run, unfinished: finishing it is an ordinary resume
+        raise OutputConflict(f"{url} holds an unfinished run of other inputs; rerun its own command to finish it "
+                             "before adding inputs, or pass --overwrite to replace it") from None
+    except (v1.ManifestError, ValueError) as e:
+        raise OutputConflict(f"{url}/{v1.MANIFEST}: {e}; run `tokenshards verify {url}`, or pass --overwrite") from e
+    if partition_bytes is not None and partition_bytes != recorded.get("partition_bytes"):
+        raise OutputConflict(f"--partition-mb {partition_bytes / 1e6:g} differs from the "
+                             f"{recorded.get('partition_bytes', 0) / 1e6:g} MB the run in {url} was cut with; a growth "
+                             "reuses it: drop --partition-mb")
+    in_manifest = {i["path"] for i in kept.inputs}
+    _check_named_unchanged(recorded, [u for u in named if u in in_manifest], url=url, storage_options=storage_options)
+    fresh, generation, finishing = inputs_to_add(recorded, kept, named, add=add, url=url)
+    growth = Growth(kept=kept, recorded=recorded, generation=generation, first_index=v1.planned_count(kept),
+                    sources=tuple(s for s in sources if s.url in fresh))
+    if growth.sources:
+        announce(f"--add: {url} keeps its {counted(len(kept.inputs), 'input')} and "
+                 f"{counted(len(kept.partitions), 'partition')} as they are; {'finishing' if finishing else 'adding'} "
+                 f"{counted(len(growth.sources), 'input')} as generation {generation}, partitions from {growth.first_index}")
+    return growth
+
+
+def inputs_to_add(recorded: dict, kept: Manifest, named: list[str], *, add: bool, url: str) -> tuple[set[str], int, bool]:
+    """(the inputs of ``named`` to plan, their generation, whether they finish an interrupted
+    growth), given OUT's job file and finished manifest; or a one-line refusal. Pure.
+
+    Inputs in the job file but not in the manifest are an unfinished growth: only the same inputs
+    may be named beyond those in OUT, until it is finished. Without ``--add`` (a grown run), the
+    named inputs must be the run's."""
+    recorded_paths = [i["path"] for i in recorded.get("inputs", [])]
+    in_manifest = {i["path"] for i in kept.inputs}
+    pending = [p for p in recorded_paths if p not in in_manifest]
+    fresh = {u for u in named if u not in in_manifest}
+    if pending and fresh != set(pending):
+        raise OutputConflict(f"{url} holds an unfinished --add of {counted(len(pending), 'input')} (first: {pending[0]}); "
+                             "rerun that command to finish it before adding others")
+    if not add and set(named) != set(recorded_paths):
+        added, removed = set(named) - set(recorded_paths), set(recorded_paths) - set(named)
+        hint = (f"; to add the {counted(len(added), 'new input')}, pass --add" if not removed
+                else "; use another --out, or pass --overwrite to replace it")
+        raise OutputConflict(f"{url} holds a grown run of other inputs ({len(added)} added, {len(removed)} removed){hint}")
+    if pending:
+        return fresh, max(v1.input_generation(i) for i in recorded["inputs"]), True
+    return fresh, max((v1.input_generation(i) for i in kept.inputs), default=0) + 1, False
+
+
+def _check_named_unchanged(recorded: dict, urls: list[str], *, url: str, storage_options: dict) -> None:
+    """Inputs already in OUT and named again must be the files their partitions were made of."""
+    from ..storage.hub.workerfs import PROTOCOL
+
+    before = {i["path"]: i for i in recorded.get("inputs", [])}
+    for path in urls:
+        old = (before.get(path) or {}).get("identity")
+        if not old or path.startswith(f"{PROTOCOL}://"):
+            continue  # recorded without an identity (an early version), or opened by workers only
+        try:
+            now = dict(file_identity_like(*filesystem(path, storage_options), old))
+        except FileNotFoundError as e:
+            raise UserError(f"{path}: listed a moment ago, gone now; rerun once it is back") from e
+        if now != dict(old):
+            raise InputChanged(f"{path} changed since it was added to {url} ({describe_identity_change(old, now)}); "
+                               "its partitions there are of the earlier version: restore it, add it under another name, "
+                               "or pass --overwrite to tokenize everything again")
