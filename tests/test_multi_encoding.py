@@ -201,3 +201,39 @@ def test_one_task_per_planned_partition_with_several_outputs(corpus, tmp_path):
         tasks = partition_tasks(pieces, settings, wanted).optimize()
         graph = dict(tasks.__dask_graph__())
     assert tasks.npartitions == len(pieces) == len(graph) > 3
+
+
+PREBUILT_PROBE = r"""
+from tokenshards.cluster.prestart import start_forkserver
+from tokenshards.cluster.connect import connect
+from tokenshards.encoding import prebuilt
+from tokenshards.encoding.encoders import EncoderPlugin, load_encoding
+
+if __name__ == "__main__":
+    loaded = [load_encoding(name) for name in ("gpt2", "cl100k_base")]  # kept parsed: the server loads offline
+    assert start_forkserver(prebuild=(["gpt2", "cl100k_base"], "auto"))
+    with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
+        choices = [prebuilt.ask(l.fingerprint, "auto") for l in loaded]
+        plugins = [EncoderPlugin(l, backend=c.name) for l, c in zip(loaded, choices)]
+        for plugin in plugins:
+            client.register_plugin(plugin)
+        text = "<|endoftext|> prebuilt 🙂 中文 " * 50
+        def probe(dask_worker):
+            built = [dask_worker.plugins[p.name].backend for p in plugins]
+            return [(b is found.backend, b.encode_many([text])[0].tolist()) for b, found in zip(built, prebuilt._prebuilt)]
+        want = [(True, l.encoding.encode_ordinary(text)) for l in loaded]
+        print(all(choice is not None for choice in choices), list(client.run(probe).values()) == [want] * 2)
+"""
+
+
+def test_local_workers_start_with_every_encoder_prebuilt(tmp_path):
+    """The forkserver verifies and builds each encoding of the command line once: the client
+    takes each verdict, every worker uses the very objects (no encoder built per worker or task)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text(PREBUILT_PROBE)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True True"

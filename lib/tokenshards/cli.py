@@ -390,10 +390,9 @@ def _prestart_local_workers(args) -> None:
             return
     from .cluster.prestart import start_forkserver
 
-    # tokenize names its encoding and backend: the server prebuilds them for the workers.
-    # (With several encodings, the first: the workers build the others themselves.)
-    wants = (getattr(args, "encoding", None) or ["gpt2"])[0], getattr(args, "backend", None)
-    start_forkserver(prebuild=wants if all(wants) else None)
+    # tokenize names its encodings and backend: the server prebuilds them for the workers.
+    backend = getattr(args, "backend", None)
+    start_forkserver(prebuild=(args.encoding or ["gpt2"], backend) if backend else None)
 
 
 def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> int:
