@@ -77,11 +77,6 @@ class TaskResult:
         return pd.DataFrame({"result": pd.Series(list(results), dtype=object)})
 
     @staticmethod
-    def from_frame(frame: pd.DataFrame) -> "TaskResult":
-        [result] = frame["result"].tolist()
-        return result
-
-    @staticmethod
     def all_from_frame(frame: pd.DataFrame) -> list["TaskResult"]:
         """One per output the task wrote (``write_frame``)."""
         return frame["result"].tolist()
