@@ -181,6 +181,22 @@ def test_outputs_that_do_not_pair_are_one_line(flags, message, corpus, tmp_path,
     assert not (tmp_path / "a").exists()
 
 
+def test_a_live_run_in_one_out_stops_all_before_anything_is_written(corpus, tmp_path, capsys):
+    """Each OUT has its own lease: a live writer in OUT_B stops the run in one line, and OUT_A,
+    whose lease was taken first, is left with no file (its lease given back)."""
+    from tokenshards.storage.lease import Lease
+    from tokenshards.storage.store import filesystem
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    b.mkdir()
+    with Lease(*filesystem(str(b)), url=str(b), command="tokenize"):
+        code, _, err = _cli(capsys, ["tokenize", "--input", corpus, "--scheduler", "tcp://127.0.0.1:1",
+                                     "--encoding", "gpt2", "--encoding", "cl100k_base", "--out", a, "--out", b])
+    assert code == 2
+    assert _one_error(err).startswith(f"{b} is being written by ")
+    assert not [p for p in a.rglob("*") if p.is_file()]  # the folders ensure_writable made, empty
+
+
 def test_one_task_per_planned_partition_with_several_outputs(corpus, tmp_path):
     """Dask may not merge or split planned partitions when several outputs ride on each task."""
     import dask
