@@ -7,7 +7,8 @@
 Each repeat runs, interleaved, one whole ``tokenshards tokenize --encoding A --encoding B ...
 --out ...`` command and then one command per encoding; we report the medians of the combined
 command's wall time and of the separate commands' summed wall time, and their ratio (below 1:
-the combined run saves the repeated reads, decodes and start-ups). The first repeat also checks
+the combined run saves the repeated reads, decodes and start-ups), and the same for the CPU time
+of each command's whole process tree (steadier on a machine others share). The first repeat also checks
 that every OUT of the combined run holds the same bytes as its separate run. The corpus is
 ../shared/bench/make_corpus.py's (``--mb`` of text) when it can be built, else the demo corpus.
 
@@ -25,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -57,14 +59,40 @@ def _command(corpus: str, pairs: list[tuple[str, Path]], workers: int) -> list[s
     return cmd
 
 
-def _timed(cmd: list[str]) -> tuple[float, str]:
-    """(wall seconds, stdout) of one whole command."""
+def _timed(cmd: list[str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of the whole process tree, stdout) of one whole command. The
+    tree's CPU time (client, forkserver, workers: sampled every 50 ms, so a process's last few ms
+    may be missed) moves far less with other users' load on a shared machine than wall time does."""
+    import psutil
+
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict[int, float] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(proc.pid)
+        while not done.wait(0.05):
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for p in tree:
+                try:
+                    times = p.cpu_times()
+                    seen[p.pid] = max(seen.get(p.pid, 0.0), times.user + times.system)
+                except psutil.Error:
+                    pass
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = proc.communicate()
     seconds = time.perf_counter() - t0
+    done.set()
+    sampler.join()
     if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr}")
-    return seconds, proc.stdout
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{stderr}")
+    return seconds, sum(seen.values()), stdout
 
 
 def _same_files(a: Path, b: Path) -> bool:
@@ -75,8 +103,9 @@ def _same_files(a: Path, b: Path) -> bool:
 
 
 def measure(corpus: str, encodings: list[str], *, workers: int, repeats: int, scratch: Path) -> dict:
-    """Medians of the combined command and of the separate commands' sum, interleaved."""
-    together, separate = [], []
+    """Medians of the combined command and of the separate commands' sum, interleaved: wall time and
+    the process tree's CPU time."""
+    together, separate, together_cpu, separate_cpu = [], [], [], []
     tokens: dict[str, int] = {}
     identical = None
     for r in range(repeats):
@@ -84,18 +113,25 @@ def measure(corpus: str, encodings: list[str], *, workers: int, repeats: int, sc
         alone = [(e, scratch / f"alone-{n}") for n, e in enumerate(encodings)]
         for _, out in combined + alone:
             shutil.rmtree(out, ignore_errors=True)
-        seconds, said = _timed(_command(corpus, combined, workers))
+        seconds, cpu, said = _timed(_command(corpus, combined, workers))
         together.append(seconds)
+        together_cpu.append(cpu)
         found = re.findall(r"done(?: \((.+?)\))?: [\d,]+ documents, ([\d,]+) tokens", said)
         tokens = {e or encodings[0]: int(n.replace(",", "")) for e, n in found}
-        separate.append(sum(_timed(_command(corpus, [pair], workers))[0] for pair in alone))
+        each = [_timed(_command(corpus, [pair], workers)) for pair in alone]
+        separate.append(sum(seconds for seconds, _, _ in each))
+        separate_cpu.append(sum(cpu for _, cpu, _ in each))
         if r == 0:
             identical = all(_same_files(c, a) for (_, c), (_, a) in zip(combined, alone))
     result = {"encodings": encodings, "workers": workers, "repeats": repeats, "corpus": corpus,
               "together_seconds": statistics.median(together), "separate_seconds": statistics.median(separate),
               "together_runs": together, "separate_runs": separate, "tokens": tokens,
+              "together_cpu_seconds": statistics.median(together_cpu),
+              "separate_cpu_seconds": statistics.median(separate_cpu),
+              "together_cpu_runs": together_cpu, "separate_cpu_runs": separate_cpu,
               "outputs_identical_to_separate_runs": identical}
     result["ratio"] = result["together_seconds"] / result["separate_seconds"]
+    result["cpu_ratio"] = result["together_cpu_seconds"] / result["separate_cpu_seconds"]
     return result
 
 
@@ -116,8 +152,10 @@ def main() -> None:
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     n = len(a.encodings)
     print(f"{n} encodings ({', '.join(a.encodings)}) at once: {result['together_seconds']:.2f} s; "
-          f"{n} separate runs: {result['separate_seconds']:.2f} s; ratio {result['ratio']:.2f} "
-          f"(medians of {a.repeats}, interleaved; outputs identical: {result['outputs_identical_to_separate_runs']})")
+          f"{n} separate runs: {result['separate_seconds']:.2f} s; ratio {result['ratio']:.2f}; CPU of the process "
+          f"trees {result['together_cpu_seconds']:.1f} s vs {result['separate_cpu_seconds']:.1f} s, ratio "
+          f"{result['cpu_ratio']:.2f} (medians of {a.repeats}, interleaved; outputs identical: "
+          f"{result['outputs_identical_to_separate_runs']})")
     print(f"written to {a.out}")
 
 
