@@ -12,6 +12,7 @@ import pytest
 
 from conftest import write_parquet
 from readback import expected_tokens, read_documents
+from s3server import s3  # noqa: F401  (a fixture)
 from tokenshards.bpe.train import TrainBpeConfig, run_train_bpe
 from tokenshards.cli import main
 from tokenshards.encoding.encoders import load_encoding
@@ -110,6 +111,26 @@ def test_three_encodings_with_a_trained_vocabulary(cluster, corpus, trained, alo
     for encoding, out in pairs:
         assert _files(out) == _files(alone[encoding])
         _check_tokens(out, encoding, corpus)
+
+
+def test_one_out_on_s3_and_one_on_disk(cluster, corpus, alone, s3, tmp_path):
+    """Each OUT is reached through its own filesystem: an S3 prefix (moto's server) holds the same
+    objects as the local folder of gpt2's separate run."""
+    from tokenshards.tokenize.config import Output
+    from tokenshards.tokenize.job import run_tokenize_each
+
+    bucket = s3.make_bucket()
+    config = TokenizeConfig(inputs=(str(corpus),), out=f"s3://{bucket}/gpt2", encoding="gpt2",
+                            more_outputs=(Output("cl100k_base", str(tmp_path / "b")),),
+                            partition_bytes=int(float(PARTITION_MB) * 1e6), storage_options=s3.storage_options,
+                            scheduler=cluster.scheduler_address, progress="none")
+    summaries = run_tokenize_each(config, announce=lambda m: None)
+    assert [s.out for s in summaries.each] == [config.out, str(tmp_path / "b")]
+    fs = s3.fs()
+    prefix = f"{bucket}/gpt2/"
+    on_s3 = {path[len(prefix):]: fs.cat_file(path) for path in sorted(fs.find(prefix))}
+    assert on_s3 == _files(alone["gpt2"])
+    assert _files(tmp_path / "b") == _files(alone["cl100k_base"])
 
 
 def _stamps(out: Path) -> dict[str, int]:
