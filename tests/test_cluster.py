@@ -345,7 +345,7 @@ if __name__ == "__main__":
         def probe(dask_worker):
             backend = dask_worker.plugins[plugin.name].backend
             flat, _ = backend.encode_many([text])
-            return backend is prebuilt._prebuilt.backend, flat.tolist()
+            return backend is prebuilt._prebuilt[0].backend, flat.tolist()
         want = loaded.encoding.encode_ordinary(text)
         print(sorted(client.run(probe).values()) == [(True, want)] * 2)
 """
@@ -366,8 +366,8 @@ def test_a_prebuilt_encoder_serves_only_its_own_fingerprint_and_backend(monkeypa
     from tokenshards.encoding.backends import Choice, TiktokenBackend
 
     backend = TiktokenBackend(gpt2)
-    monkeypatch.setattr(prebuilt, "_prebuilt", prebuilt.Prebuilt(
-        fingerprint="f" * 64, requested="auto", choice=Choice("tiktoken", "note"), encoding=gpt2, backend=backend))
+    monkeypatch.setattr(prebuilt, "_prebuilt", (prebuilt.Prebuilt(
+        fingerprint="f" * 64, requested="auto", choice=Choice("tiktoken", "note"), encoding=gpt2, backend=backend),))
     assert prebuilt.for_worker("f" * 64, "tiktoken") == (gpt2, backend)
     assert prebuilt.for_worker("e" * 64, "tiktoken") is None
     assert prebuilt.for_worker("f" * 64, "gigatoken") is None

@@ -86,9 +86,12 @@ def _print_lines(result) -> int:
 def _add_tokenize(sub) -> None:
     p = sub.add_parser("tokenize", help="tokenize parquet text into format v1 token arrays")
     _add_input_argument(p, "parquet file, folder, glob or URL (s3://, hf://)")
-    p.add_argument("--out", required=True, help="output folder or s3://bucket/prefix")
+    p.add_argument("--out", required=True, action="append",
+                   help="output folder or s3://bucket/prefix; repeated, one per --encoding, in the same order")
     _add_cluster_arguments(p)
-    p.add_argument("--encoding", default="gpt2", help="tiktoken encoding name (default: gpt2)")
+    p.add_argument("--encoding", action="append",
+                   help="tiktoken encoding name or a train-bpe FILE.tiktoken (default: gpt2); repeat it, with an --out "
+                        "for each, to write several encodings from one read of the corpus")
     p.add_argument("--backend", default="auto", choices=["auto", "tiktoken", "gigatoken", "splintr", "riptoken"],
                    help="tokenizer implementation; ids always equal tiktoken's (default auto: the fastest "
                         "installed one that reproduces tiktoken at start-up: gigatoken, splintr, then riptoken, "
@@ -157,15 +160,26 @@ def _run_download(args) -> int:
 
 
 def _run_tokenize(args) -> int:
-    from .tokenize.config import TokenizeConfig
-    from .tokenize.job import run_tokenize
+    from .tokenize.config import Output, TokenizeConfig
+    from .tokenize.job import run_tokenize_each
 
+    [first, *more] = _paired_outputs(args.encoding, args.out)
     config = TokenizeConfig(
-        out=args.out, encoding=args.encoding, eot_position=args.eot, id_column=args.id_column,
-        on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite, add=args.add, report=args.report,
-        **_corpus_options(args), **_run_options(args),
+        out=first[1], encoding=first[0], more_outputs=tuple(Output(*pair) for pair in more), eot_position=args.eot,
+        id_column=args.id_column, on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite,
+        add=args.add, report=args.report, **_corpus_options(args), **_run_options(args),
     )
-    return _print_lines(run_tokenize(config, announce=_say))
+    return _print_lines(run_tokenize_each(config, announce=_say))
+
+
+def _paired_outputs(encodings: list[str] | None, outs: list[str]) -> list[tuple[str, str]]:
+    """(encoding, OUT) pairs: the n-th --encoding writes to the n-th --out; no --encoding is gpt2."""
+    encodings = encodings or ["gpt2"]
+    if len(encodings) != len(outs):
+        raise UserError(f"--encoding and --out pair up in order, one --out for each --encoding: got "
+                        f"{len(encodings)} --encoding ({', '.join(encodings)}) and {len(outs)} --out "
+                        f"({', '.join(outs)})")
+    return list(zip(encodings, outs))
 
 
 def _add_demo(sub) -> None:
@@ -378,9 +392,9 @@ def _prestart_local_workers(args) -> None:
             return
     from .cluster.prestart import start_forkserver
 
-    # tokenize names its encoding and backend: the server prebuilds them for the workers.
-    wants = getattr(args, "encoding", None), getattr(args, "backend", None)
-    start_forkserver(prebuild=wants if all(wants) else None)
+    # tokenize names its encodings and backend: the server prebuilds them for the workers.
+    backend = getattr(args, "backend", None)
+    start_forkserver(prebuild=(args.encoding or ["gpt2"], backend) if backend else None)
 
 
 def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 from types import MappingProxyType
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .interrupt import children_ignore_ctrl_c
 
@@ -24,9 +24,9 @@ its results back as awkward arrays but imports awkward only then: ~0.35 s in a w
 The last one prebuilds the encoder, if asked, and freezes the heap."""
 
 
-def start_forkserver(*, prebuild: tuple[str, str] | None = None) -> bool:
+def start_forkserver(*, prebuild: tuple[str | Sequence[str], str] | None = None) -> bool:
     """Start the forkserver and have Dask's nannies fork workers from it; with ``prebuild``
-    (encoding, backend), the server also verifies and builds that encoder for them. Does nothing
+    (encoding or encodings, backend), the server also verifies and builds those encoders for them. Does nothing
     (False) where forkserver does not exist (Windows) or the Dask config already names a start
     method other than the default spawn (the user chose)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():

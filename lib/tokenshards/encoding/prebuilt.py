@@ -1,8 +1,8 @@
 """Encoders built before the workers exist, in the forkserver local workers are forked from.
 
 A local run's workers are forked from one server process (``cluster/prestart.py``) that imports
-what they need while the client starts. When the command line already says which encoding and
-backend the run wants, that server also loads the encoding, verifies the backend against
+what they need while the client starts. When the command line already says which encodings and
+backend the run wants, that server also loads each encoding, verifies the backend against
 tiktoken (``backends.choose``) and builds it, on the core the client is not using. Every worker
 forked afterwards starts with them built (pages shared with the server, not copied per worker),
 and the client asks a child of the server for its verdict instead of verifying a second time.
@@ -18,7 +18,7 @@ import gc
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:  # the client imports this module before anything heavy: keep it light
     import tiktoken
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the client imports this module before anything heavy: keep 
     from .backends import Backend, Choice
 
 ENVIRONMENT = "TOKENSHARDS_PREBUILD"
-"""``[encoding, backend]`` as JSON: what the forkserver started after ``request`` prebuilds."""
+"""``[[encoding, ...], backend]`` as JSON: what the forkserver started after ``request`` prebuilds."""
 
 
 @dataclass(frozen=True)
@@ -39,15 +39,16 @@ class Prebuilt:
     backend: Backend
 
 
-_prebuilt: Prebuilt | None = None
+_prebuilt: tuple[Prebuilt, ...] = ()
+"""One per encoding the command line named (a run of several encodings names several)."""
 _requested_here = False
 """True in the process that called ``request`` (the client): only it asks for the verdict."""
 
 
-def request(encoding: str, backend: str) -> None:
-    """Have the forkserver, started after this call, prebuild ``encoding`` with ``backend``."""
+def request(encodings: str | Sequence[str], backend: str) -> None:
+    """Have the forkserver, started after this call, prebuild each of ``encodings`` with ``backend``."""
     global _requested_here
-    os.environ[ENVIRONMENT] = json.dumps([encoding, backend])
+    os.environ[ENVIRONMENT] = json.dumps([[encodings] if isinstance(encodings, str) else list(encodings), backend])
     _requested_here = True
 
 
@@ -56,36 +57,46 @@ def build_requested() -> None:
     heap, so the workers' garbage collector never walks (and so never copies) the pages they
     share with the server. Never raises: whatever fails here, the workers build their own."""
     global _prebuilt
+    try:
+        names, requested = json.loads(os.environ[ENVIRONMENT])
+    except (KeyError, ValueError):
+        names, requested = [], ""
+    built = (_build(name, requested) for name in dict.fromkeys(names))
+    _prebuilt = tuple(found for found in built if found is not None)
+    gc.freeze()
+
+
+def _build(name: str, requested: str) -> Prebuilt | None:
+    """``name``'s encoder verified and built, or None (not loadable offline, or anything failed)."""
     from .backends import Choice, build_backend, choose
     from .encoders import load_offline
 
     try:
-        name, requested = json.loads(os.environ[ENVIRONMENT])
         loaded = load_offline(name)
-        if loaded is not None:
-            choice = choose(requested, loaded.encoding, loaded.params)
-            backend = build_backend(choice.name, loaded.encoding, loaded.params, verified=choice.verified)
-            _prebuilt = Prebuilt(fingerprint=loaded.fingerprint, requested=requested,
-                                 choice=Choice(choice.name, choice.note), encoding=loaded.encoding, backend=backend)
+        if loaded is None:
+            return None
+        choice = choose(requested, loaded.encoding, loaded.params)
+        backend = build_backend(choice.name, loaded.encoding, loaded.params, verified=choice.verified)
+        return Prebuilt(fingerprint=loaded.fingerprint, requested=requested,
+                        choice=Choice(choice.name, choice.note), encoding=loaded.encoding, backend=backend)
     except Exception:  # noqa: BLE001  (a UserError included: the client raises it itself, in one line)
-        _prebuilt = None
-    gc.freeze()
+        return None
 
 
 def for_worker(fingerprint: str, backend: str) -> tuple[tiktoken.Encoding, Backend] | None:
     """(encoding, backend) prebuilt in the server this worker was forked from, if they are these."""
-    found = _prebuilt
-    if found is None or found.fingerprint != fingerprint or found.choice.name != backend:
-        return None
-    return found.encoding, found.backend
+    for found in _prebuilt:
+        if found.fingerprint == fingerprint and found.choice.name == backend:
+            return found.encoding, found.backend
+    return None
 
 
 def _verdict(fingerprint: str, requested: str) -> Choice | None:
     """Runs in a child of the server: its choice, if it was made for this encoding and request."""
-    found = _prebuilt
-    if found is None or found.fingerprint != fingerprint or found.requested != requested:
-        return None
-    return found.choice
+    for found in _prebuilt:
+        if found.fingerprint == fingerprint and found.requested == requested:
+            return found.choice
+    return None
 
 
 def ask(fingerprint: str, requested: str) -> Choice | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from ..cluster.options import RunOptions
@@ -16,6 +17,14 @@ the last wave of tasks idles cores only briefly, while Dask's ~1 ms per task sta
 MAX_AUTO_PARTITIONS = 16_384
 """Past this many partitions the automatic size grows instead, so the client's records, the
 manifest and the scheduler's task count stay bounded whatever the corpus (docs/scaling.md)."""
+
+
+@dataclass(frozen=True)
+class Output:
+    """One encoding and the folder its run goes to: a run writes one or several of these."""
+
+    encoding: str
+    out: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +48,9 @@ class TokenizeConfig(RunOptions):
     """Grow the finished run in ``out`` with the inputs it lacks (``tokenize.grow``)."""
     hub: HubDataset | None = None
     """A Hub dataset sample (``--dataset/--size``), tokenized after (or besides) ``inputs``."""
+    more_outputs: tuple[Output, ...] = ()
+    """Further (encoding, OUT) pairs (``--encoding``/``--out`` repeated), written from the same
+    reads: each OUT gets what a run of its encoding alone writes there."""
     # -- how it runs (and RunOptions): never changes the output bytes --
     report: str | None = None
     retries: int = 2
@@ -56,12 +68,41 @@ class TokenizeConfig(RunOptions):
                             "download it first (`tokenshards download --to DIR`) and pass --input DIR")
         if self.partition_bytes is not None and self.partition_bytes < 1:
             raise UserError(f"--partition-mb {self.partition_bytes / 1e6:g} must be positive")
+        _check_distinct(self.outputs)
+
+    @property
+    def outputs(self) -> tuple[Output, ...]:
+        """Every (encoding, OUT) of the run, the first being ``encoding`` and ``out``."""
+        return (Output(self.encoding, self.out), *self.more_outputs)
+
+    def for_output(self, output: Output) -> "TokenizeConfig":
+        """This run as one that writes ``output`` alone: what decides that OUT's bytes."""
+        return dataclasses.replace(self, encoding=output.encoding, out=output.out, more_outputs=())
 
     def resolved_partition_bytes(self, corpus_text_bytes: int) -> int:
         return self.partition_bytes or auto_partition_bytes(corpus_text_bytes)
 
     def replace(self, **changes) -> "TokenizeConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _check_distinct(outputs: tuple[Output, ...]) -> None:
+    """Two encodings must not share an OUT: each would take the other's folder for a different run."""
+    seen: dict[str, Output] = {}
+    for output in outputs:
+        key = _place(output.out)
+        if key in seen:
+            raise UserError(f"--out {output.out} is given twice (for --encoding {seen[key].encoding} and "
+                            f"--encoding {output.encoding}); each --encoding needs a folder of its own")
+        seen[key] = output
+
+
+def _place(out: str) -> str:
+    """Where an OUT is, compared as written for URLs and as an absolute path for local folders."""
+    local = out.removeprefix("file://")
+    if "://" in local:
+        return local.rstrip("/")
+    return os.path.abspath(os.path.expanduser(local))
 
 
 def auto_partition_bytes(corpus_text_bytes: int) -> int:

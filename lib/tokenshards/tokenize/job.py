@@ -5,7 +5,7 @@ import contextlib
 import dataclasses
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import dask
@@ -19,7 +19,7 @@ from .config import TokenizeConfig
 from . import grow
 from ..encoding import prebuilt
 from ..encoding.backends import backend_version, check_request, choose
-from ..encoding.encoders import EncoderPlugin, load_encoding
+from ..encoding.encoders import EncoderPlugin, LoadedEncoding, load_encoding
 from ..errors import UserError
 from . import corpus
 from ..inputs import Inputs
@@ -44,11 +44,13 @@ class Summary:
     seconds: float
     tokenize_seconds: float
     """First task start to last task end, as the workers saw it."""
+    encoding: str = ""
 
-    def lines(self) -> list[str]:
+    def lines(self, *, label: str = "") -> list[str]:
+        """``label`` follows "done" (a run of several encodings names each one's)."""
         rate = self.tokens / self.seconds if self.seconds else 0.0
         return [
-            f"done: {self.docs:,} documents, {self.tokens:,} tokens, skipped {self.skipped_null:,} null "
+            f"done{label}: {self.docs:,} documents, {self.tokens:,} tokens, skipped {self.skipped_null:,} null "
             f"and {self.skipped_empty:,} empty rows",
             f"      {counted(self.partitions, 'partition')} ({self.skipped_partitions} already committed), {self.seconds:.1f} s, "
             f"{human(rate)} tokens/s overall, tokenizing phase {self.tokenize_seconds:.1f} s",
@@ -56,119 +58,239 @@ class Summary:
         ]
 
 
+@dataclass(frozen=True)
+class Summaries:
+    """A run's summary per output, in the order of ``TokenizeConfig.outputs``."""
+
+    each: tuple[Summary, ...]
+
+    def lines(self) -> list[str]:
+        if len(self.each) == 1:
+            return self.each[0].lines()
+        lines = [line for s in self.each for line in s.lines(label=f" ({s.encoding})")]
+        return lines + [f"each partition was read and decoded once for the {len(self.each)} encodings"]
+
+
 def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = print) -> Summary:
-    """Run the whole job; returns its summary. Raises ``UserError`` for anything the user can fix."""
+    """Run a job of one output; returns its summary. Raises ``UserError`` for anything the user can fix."""
+    if config.more_outputs:
+        raise ValueError("run_tokenize writes one output; call run_tokenize_each for several encodings")
+    [summary] = run_tokenize_each(config, announce=announce).each
+    return summary
+
+
+def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None] = print) -> Summaries:
+    """Run the whole job, every output of ``config.outputs`` from one read of each partition;
+    returns a summary per output. Raises ``UserError`` for anything the user can fix."""
     t0 = time.perf_counter()
     sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
-    out_fs, out_root = filesystem(config.out, config.storage_options)
-    ensure_writable(out_fs, out_root, config.out)  # a missing bucket or dead endpoint fails here, in one line
+    places = []
+    for output in config.outputs:
+        out_fs, out_root = filesystem(output.out, config.storage_options)
+        ensure_writable(out_fs, out_root, output.out)  # a missing bucket or dead endpoint fails here, in one line
+        places.append((output, out_fs, out_root))
     # One live writer per OUT: taken before anything in OUT is removed or written, held to the end.
-    with Lease(out_fs, out_root, url=config.out, command="tokenize", announce=announce) as lease:
-        return _run_owned(config, sources, lease, out_fs, out_root, t0=t0, announce=announce)
+    with contextlib.ExitStack() as held:
+        outs = [_Output(config=config.for_output(output), fs=out_fs, root=out_root, several=len(places) > 1,
+                        lease=held.enter_context(Lease(out_fs, out_root, url=output.out, command="tokenize",
+                                                       announce=announce)))
+                for output, out_fs, out_root in places]
+        return _run_owned(config, sources, outs, t0=t0, announce=announce)
 
 
-def _run_owned(config: TokenizeConfig, sources: list, lease: Lease, out_fs, out_root: str, *, t0: float,
-               announce: Callable[[str], None]) -> Summary:
-    """The run, while it holds OUT's lease."""
-    if config.overwrite and out_fs.exists(out_root):
-        announce(f"--overwrite: removing the earlier run in {config.out}")
-        resume.remove_run(out_fs, out_root, url=config.out)
-    growth = grow.start(out_fs, out_root, url=config.out, add=config.add, sources=sources, announce=announce,
-                        partition_bytes=config.partition_bytes, storage_options=config.storage_options)
+@dataclass(kw_only=True)
+class _Output:
+    """One OUT of the run while it runs: what a run of its encoding alone would hold."""
+
+    config: TokenizeConfig
+    """The run as if it wrote this output alone (``TokenizeConfig.for_output``)."""
+    fs: object
+    root: str
+    lease: Lease
+    several: bool = False
+    loaded: LoadedEncoding | None = None
+    backend: str = ""
+    identity: dict = field(default_factory=dict)
+    job: str = ""
+    growth: grow.Growth | None = None
+    """What this command adds to the run in OUT (``tokenize --add``), or None."""
+    committed: dict[int, PartitionEntry] = field(default_factory=dict)
+    entries: dict[int, PartitionEntry] = field(default_factory=dict)
+    unreadable: list[BadInput] = field(default_factory=list)
+    """Partitions its tasks found unreadable (``--on-bad-file skip``)."""
+    first: float = float("inf")
+    last: float = 0.0
+
+    def about(self, note: str) -> str:
+        """``note`` naming this output's folder, when the run has several."""
+        return f"{self.config.out}: {note}" if self.several else note
+
+    @property
+    def parts_job(self) -> str:
+        """The job its done records carry: a growth keeps the first run's."""
+        return self.growth.parts_job if self.growth is not None else self.job
+
+
+def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0: float,
+               announce: Callable[[str], None]) -> Summaries:
+    """The run, while it holds every OUT's lease."""
+    for o in outs:
+        if config.overwrite and o.fs.exists(o.root):
+            announce(f"--overwrite: removing the earlier run in {o.config.out}")
+            resume.remove_run(o.fs, o.root, url=o.config.out)
+    growth = _growth(config, sources, outs, announce=announce)
     if growth is not None:  # a growth (tokenize --add): plan only the inputs it adds, cut as the run was
         if not growth.sources:
             announce(growth.nothing_to_add(config.out, add=config.add))
-            return _unchanged_summary(config, growth.kept, t0=t0)
+            return Summaries((_unchanged_summary(config, growth.kept, t0=t0),))
         sources, config = list(growth.sources), config.replace(partition_bytes=growth.partition_bytes)
+        outs[0].growth = growth
     report = _performance_report(config.report)
     # Checked before a cluster starts; its notes wait so that the dashboard link comes first.
     encoding_notes: list[str] = []
-    loaded = load_encoding(config.encoding, announce=encoding_notes.append)
+    loaded: dict[str, LoadedEncoding] = {}
+    for o in outs:
+        name = o.config.encoding
+        o.loaded = loaded[name] = loaded.get(name) or load_encoding(name, announce=encoding_notes.append)
     check_request(config.backend)  # the backend itself is verified once the cluster is starting
     # On a local cluster a Hub download starts here, in the background: it goes on while the
     # cluster starts and tokenizes (on another cluster, once the workers said what they see).
     inputs = corpus.open_inputs(sources, hub=config.hub, options=config, announce=announce, overlap=True)
     try:
-        return _run_inputs(config, inputs, loaded, encoding_notes, report, lease, out_fs, out_root,
-                           local_paths=_local_paths(config, sources), t0=t0, announce=announce, growth=growth)
+        return _run_inputs(config, inputs, outs, encoding_notes, report,
+                           local_paths=_local_paths(config, sources), t0=t0, announce=announce)
     finally:
         inputs.close()
 
 
-def _run_inputs(config: TokenizeConfig, inputs: Inputs, loaded, encoding_notes: list[str], report,
-                lease: Lease, out_fs, out_root: str, *, local_paths: list[machines.PathUse], t0: float,
-                announce: Callable[[str], None], growth: grow.Growth | None = None) -> Summary:
+def _run_inputs(config: TokenizeConfig, inputs: Inputs, outs: list[_Output], encoding_notes: list[str], report, *,
+                local_paths: list[machines.PathUse], t0: float, announce: Callable[[str], None]) -> Summaries:
     """The run once its inputs are open (some may still be downloading). ``local_paths``: what
     the workers must see as this machine does, checked first thing on the cluster."""
-    spec = loaded.spec
     # Before any work: workers on other machines must see the same --input files and --out folder.
     with runner.connect_to(config, announce=announce, local_paths=local_paths) as client, report:
         # Local workers' forkserver verified the backend while this process started the cluster.
-        choice = prebuilt.ask(loaded.fingerprint, config.backend) or choose(config.backend, loaded.encoding, loaded.params)
-        backend = choice.name
-        for note in encoding_notes + [f"tokenizer: {choice.note}"]:
+        notes = [_choose_backend(o, config.backend) for o in outs]
+        for note in encoding_notes + notes:
             announce(note)
+        growth = outs[0].growth
         plan = corpus.plan(client, inputs, text_column=config.text_column, id_column=config.id_column,
                            storage_options=config.storage_options, partition_bytes=config.partition_bytes,
                            on_bad_file=config.on_bad_file, announce=announce,
-                           first_index=growth.first_index if growth else 0)
-        files, pieces, unreadable = plan.files, plan.pieces, list(plan.unreadable)
-        identity = resume.job_identity(
-            encoding=spec.as_dict(), encoding_fingerprint=loaded.fingerprint, eot_position=config.eot_position,
-            text_column=config.text_column, id_column=config.id_column, partition_bytes=plan.partition_bytes,
-            inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)} for f in files],
-        )
-        if growth is not None:
-            identity = growth.identity(identity)
-            growth.claim(out_fs, out_root, identity, url=config.out)
-        else:
-            resume.claim_output(out_fs, out_root, identity, url=config.out,
-                                identity_like=lambda path, recorded: _identity_like(path, recorded, config, files))
-        job = resume.identity_hash(identity)
-        done_job = growth.parts_job if growth is not None else job  # what done records carry
-        _clear_leftovers(out_fs, out_root)
-        redo: list[str] = []
-        committed = resume.committed_entries(out_fs, out_root, job=done_job, pieces=pieces, redo=redo, url=config.out,
-                                             kept=growth.kept_entries() if growth is not None else None)
-        for note in redo:
-            announce(note)
-        pending = [p for p in pieces if p.index not in committed]
-        announce(f"{counted(len(plan.sources), 'input file')}, {sum(f.rows for f in files):,} rows, "
+                           first_index=growth.first_index if growth is not None else 0)
+        pieces = plan.pieces
+        for o in outs:
+            _claim(o, plan, config, announce=announce)
+        wanted = {p.index: tuple(i for i, o in enumerate(outs) if p.index not in o.committed) for p in pieces}
+        pending = [p for p in pieces if wanted[p.index]]
+        announce(f"{counted(len(plan.sources), 'input file')}, {sum(f.rows for f in plan.files):,} rows, "
                  f"{human(plan.text_bytes)}B of text in {counted(len(pieces), 'partition')}"
-                 + (f"; {len(committed)} already committed, skipping them" if committed else ""))
-
-        plugin = EncoderPlugin(loaded, backend=backend)
-        client.register_plugin(plugin)
-        settings = TaskSettings(out=config.out, storage_options=config.storage_options, encoder=plugin.ref,
-                                dtype=spec.dtype, eot_position=config.eot_position, job=done_job,
-                                text_column=config.text_column, on_bad_file=config.on_bad_file,
-                                backend=backend_version(backend))
-        entries = dict(committed)
-        started, finished = _tokenize_pending(client, pending, settings, config, entries, unreadable,
-                                              already_done=len(committed), announce=announce,
-                                              inputs=inputs, arriving=plan.arriving)
+                 + _committed_note(outs))
+        settings = tuple(_task_settings(client, o, config) for o in outs)
+        _tokenize_pending(client, pending, settings, config, outs, wanted=wanted,
+                          already_done=len(pieces) - len(pending), announce=announce,
+                          inputs=inputs, arriving=plan.arriving)
 
     interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
-    # A worker killed mid-write during this run left one too; every partition is committed now.
-    _clear_leftovers(out_fs, out_root)
-    lease.check()  # a run that stalled past its lease must not commit over its successor's files
-    _check_parts_here(out_fs, out_root, entries.values(), url=config.out)
-    _announce_invalid_rows(entries.values(), announce=announce)
-    rows_of = {p.index: p.rows for p in pieces}  # so that verify can check each input's rows are covered
-    unreadable = [dataclasses.replace(b, rows=rows_of[b.partition]) if b.partition is not None else b for b in unreadable]
-    result = manifest.build_manifest(identity=identity, job=job, files=files, skipped=unreadable, entries=list(entries.values()),
-                                     extra={"planned_partitions": len(pieces),
-                                            **plan.record})
-    if growth is not None:
-        result = growth.manifest(result, planned=growth.first_index + len(pieces))
-    manifest.write_manifest(out_fs, out_root, result)
+    for o in outs:
+        # A worker killed mid-write during this run left one too; every partition is committed now.
+        _clear_leftovers(o.fs, o.root)
+        o.lease.check()  # a run that stalled past its lease must not commit over its successor's files
+        _check_parts_here(o.fs, o.root, o.entries.values(), url=o.config.out)
+    _announce_invalid_rows({e.index: e for o in outs for e in o.entries.values()}.values(), announce=announce)
+    summaries = Summaries(tuple(_commit(o, plan, t0=t0) for o in outs))
     if config.report:
         announce(f"performance report: {config.report}")
+    return summaries
+
+
+def _growth(config: TokenizeConfig, sources: list, outs: list[_Output], *,
+            announce: Callable[[str], None]) -> grow.Growth | None:
+    """The growth this command makes or finishes (``tokenize --add``, or a grown run resumed), or
+    None. A growth is one run's: with several encodings, it is refused in one line."""
+    if len(outs) > 1 and config.add:
+        raise UserError("--add takes one --encoding and one --out at a time; run it once per output")
+    found = [(o, grow.start(o.fs, o.root, url=o.config.out, add=config.add, sources=sources, announce=announce,
+                            partition_bytes=config.partition_bytes, storage_options=config.storage_options))
+             for o in outs]
+    grown = [o.config.out for o, growth in found if growth is not None]
+    if len(outs) > 1 and grown:
+        raise UserError(f"{grown[0]} holds a grown run: resuming it takes one --encoding and one --out at a time; "
+                        "run it once per output")
+    return found[0][1]
+
+
+def _choose_backend(o: _Output, requested: str) -> str:
+    """Pick the output's tokenizer (each encoding its own: ``auto`` verifies each against
+    tiktoken); returns the line that says which."""
+    loaded = o.loaded
+    choice = prebuilt.ask(loaded.fingerprint, requested) or choose(requested, loaded.encoding, loaded.params)
+    o.backend = choice.name
+    return f"tokenizer{f' for {o.config.encoding}' if o.several else ''}: {choice.note}"
+
+
+def _claim(o: _Output, plan: corpus.Corpus, config: TokenizeConfig, *, announce: Callable[[str], None]) -> None:
+    """The output's job identity, claimed in its OUT, and the partitions an earlier run of the
+    same job committed there (kept, never rewritten)."""
+    files = plan.files
+    o.identity = resume.job_identity(
+        encoding=o.loaded.spec.as_dict(), encoding_fingerprint=o.loaded.fingerprint, eot_position=config.eot_position,
+        text_column=config.text_column, id_column=config.id_column, partition_bytes=plan.partition_bytes,
+        inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)} for f in files],
+    )
+    if o.growth is not None:
+        o.identity = o.growth.identity(o.identity)
+        o.growth.claim(o.fs, o.root, o.identity, url=o.config.out)
+    else:
+        resume.claim_output(o.fs, o.root, o.identity, url=o.config.out,
+                            identity_like=lambda path, recorded: _identity_like(path, recorded, config, files))
+    o.job = resume.identity_hash(o.identity)
+    _clear_leftovers(o.fs, o.root)
+    redo: list[str] = []
+    o.committed = resume.committed_entries(o.fs, o.root, job=o.parts_job, pieces=plan.pieces, redo=redo,
+                                           url=o.config.out,
+                                           kept=o.growth.kept_entries() if o.growth is not None else None)
+    for note in redo:
+        announce(o.about(note))
+    o.entries = dict(o.committed)
+
+
+def _committed_note(outs: list[_Output]) -> str:
+    """What the start line adds about partitions earlier runs committed."""
+    if not outs[0].several:
+        committed = len(outs[0].committed)
+        return f"; {committed} already committed, skipping them" if committed else ""
+    said = [f"{len(o.committed)} in {o.config.out}" for o in outs if o.committed]
+    return f"; already committed: {', '.join(said)} (each read once for the outputs that lack it)" if said else ""
+
+
+def _task_settings(client: Client, o: _Output, config: TokenizeConfig) -> TaskSettings:
+    """The output's settings for its tasks; its encoder is built once per worker by its plugin."""
+    plugin = EncoderPlugin(o.loaded, backend=o.backend)
+    client.register_plugin(plugin)
+    return TaskSettings(out=o.config.out, storage_options=config.storage_options, encoder=plugin.ref,
+                        dtype=o.loaded.spec.dtype, eot_position=config.eot_position, job=o.parts_job,
+                        text_column=config.text_column, on_bad_file=config.on_bad_file,
+                        backend=backend_version(o.backend))
+
+
+def _commit(o: _Output, plan: corpus.Corpus, *, t0: float) -> Summary:
+    """Write the output's manifest, its commit point; its summary."""
+    rows_of = {p.index: p.rows for p in plan.pieces}  # so that verify can check each input's rows are covered
+    unreadable = [dataclasses.replace(b, rows=rows_of[b.partition]) if b.partition is not None else b
+                  for b in [*plan.unreadable, *o.unreadable]]
+    result = manifest.build_manifest(identity=o.identity, job=o.job, files=plan.files, skipped=unreadable,
+                                     entries=list(o.entries.values()),
+                                     extra={"planned_partitions": len(plan.pieces), **plan.record})
+    if o.growth is not None:
+        result = o.growth.manifest(result, planned=o.growth.first_index + len(plan.pieces))
+    manifest.write_manifest(o.fs, o.root, result)
     totals = result.totals
-    kept = len(growth.kept.partitions) if growth is not None else 0  # a growth's summary counts the whole run
-    return Summary(out=config.out, partitions=kept + len(pieces), skipped_partitions=kept + len(committed), docs=totals["docs"],
-                   tokens=totals["tokens"], skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
-                   seconds=time.perf_counter() - t0, tokenize_seconds=max(finished - started, 0.0))
+    kept = len(o.growth.kept.partitions) if o.growth is not None else 0  # a growth's summary counts the whole run
+    return Summary(out=o.config.out, partitions=kept + len(plan.pieces), skipped_partitions=kept + len(o.committed),
+                   docs=totals["docs"], tokens=totals["tokens"], skipped_null=totals["skipped_null"],
+                   skipped_empty=totals["skipped_empty"], seconds=time.perf_counter() - t0,
+                   tokenize_seconds=max(o.last - o.first, 0.0), encoding=o.config.encoding)
 
 
 def _unchanged_summary(config: TokenizeConfig, kept: manifest.Manifest, *, t0: float) -> Summary:
@@ -176,12 +298,12 @@ def _unchanged_summary(config: TokenizeConfig, kept: manifest.Manifest, *, t0: f
     totals, n = kept.totals, len(kept.partitions)
     return Summary(out=config.out, partitions=n, skipped_partitions=n, docs=totals["docs"], tokens=totals["tokens"],
                    skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
-                   seconds=time.perf_counter() - t0, tokenize_seconds=0.0)
+                   seconds=time.perf_counter() - t0, tokenize_seconds=0.0, encoding=config.encoding)
 
 
 def _local_paths(config: TokenizeConfig, sources: list) -> list[machines.PathUse]:
     """--input files and the --out folder, as the same-view check takes them (it skips URLs)."""
-    return [machines.PathUse(option="--out", url=config.out, writes=True),
+    return [*(machines.PathUse(option="--out", url=o.out, writes=True) for o in config.outputs),
             *machines.reading_inputs(config.inputs, [s.url for s in sources])]
 
 
@@ -244,27 +366,34 @@ DASK_SETTINGS = {
 }
 
 
-def partition_tasks(pending: list[Piece], settings: TaskSettings) -> dd.DataFrame:
+def partition_tasks(pending: list[Piece], settings: TaskSettings | tuple[TaskSettings, ...],
+                    wanted: dict[int, tuple[int, ...]] | None = None) -> dd.DataFrame:
     """The Dask DataFrame of the job: ``from_map`` reads each piece, ``map_partitions`` tokenizes
-    and writes it; one row of ``TaskResult`` per partition. Build and compute it under ``DASK_SETTINGS``."""
-    frames = dd.from_map(read_piece, pending, text_column=settings.text_column,
-                         storage_options=settings.storage_options, on_bad_file=settings.on_bad_file,
-                         meta=FRAME_META, enforce_metadata=False)
-    pieces = dd.from_map(piece_frame, pending, meta=PIECE_META, enforce_metadata=False)
+    and writes it, for each output (``settings``, one per output) that ``wanted`` lists for it
+    (default: all); a row of ``TaskResult`` per output written. Build and compute it under ``DASK_SETTINGS``."""
+    read = _first(settings)
+    frames = dd.from_map(read_piece, pending, text_column=read.text_column, storage_options=read.storage_options,
+                         on_bad_file=read.on_bad_file, meta=FRAME_META, enforce_metadata=False)
+    outputs = [wanted[p.index] if wanted is not None else None for p in pending]
+    pieces = dd.from_map(piece_frame, pending, outputs, meta=PIECE_META, enforce_metadata=False)
     return frames.map_partitions(write_frame, pieces, settings=settings, meta=RESULT_META, enforce_metadata=False)
 
 
-def _tokenize_pending(client: Client, pending: list[Piece], settings: TaskSettings, config: TokenizeConfig,
-                      entries: dict[int, PartitionEntry], unreadable: list[BadInput], *, already_done: int,
-                      announce: Callable[[str], None], inputs: Inputs,
-                      arriving: frozenset[str] = frozenset()) -> tuple[float, float]:
-    """Tokenize every pending piece; fill ``entries`` (and ``unreadable`` under --on-bad-file skip);
-    return (first start, last end) times of the tasks. Pieces of an input in ``arriving`` start
-    when ``inputs`` says it arrived; each piece runs in its input's lane."""
+def _first(settings: TaskSettings | tuple[TaskSettings, ...]) -> TaskSettings:
+    """What every output's settings share (how the piece is read) comes from the first."""
+    return settings if isinstance(settings, TaskSettings) else settings[0]
+
+
+def _tokenize_pending(client: Client, pending: list[Piece], settings: tuple[TaskSettings, ...], config: TokenizeConfig,
+                      outs: list[_Output], *, wanted: dict[int, tuple[int, ...]], already_done: int,
+                      announce: Callable[[str], None], inputs: Inputs, arriving: frozenset[str] = frozenset()) -> None:
+    """Tokenize every pending piece, for the outputs ``wanted`` lists; fill each output's
+    ``entries`` (and ``unreadable`` under --on-bad-file skip) and task times. Pieces of an input
+    in ``arriving`` start when ``inputs`` says it arrived; each piece runs in its input's lane."""
     if not pending:
         for _ in inputs.arrivals(announce=announce):  # a rerun with everything committed: the sample
             pass                                      # is left downloaded, as a download-first run leaves it
-        return 0.0, 0.0
+        return
 
     # By file, small ends last (see ``submission_order``). Batches of arriving inputs keep this
     # order: they are runs of this list.
@@ -272,28 +401,30 @@ def _tokenize_pending(client: Client, pending: list[Piece], settings: TaskSettin
 
     def submit(batch: list[Piece], lane: runner.Lane | None) -> list:
         with dask.config.set(DASK_SETTINGS):
-            return client.compute(partition_tasks(batch, settings).to_delayed(), retries=config.retries,
+            return client.compute(partition_tasks(batch, settings, wanted).to_delayed(), retries=config.retries,
                                   **(lane.restrictions() if lane is not None else {}))
 
     progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
-    first, last = float("inf"), 0.0
     explain = runner.failure(_describe_piece)
-    tokens = lambda piece, frame: TaskResult.from_frame(frame).tokens  # noqa: E731
+    # Several encodings: the tokens of all of them (each output's own are in its summary).
+    tokens = lambda piece, frame: sum(r.tokens for r in TaskResult.all_from_frame(frame))  # noqa: E731
     # Also waits for downloads no partition waits for (inputs skipped as unreadable).
     results = runner.each_result_as_ready(
         client, pending, submit, waiting_for=lambda p: p.input if p.input in arriving else None,
         arrivals=inputs.arrivals(announce=lambda msg: progress.say(announce, msg)),
         lane_of=lambda p: inputs.lane_of(p.input), explain=explain, progress=progress, amount=tokens)
     for piece, frame in results:
-        result = TaskResult.from_frame(frame)
-        if result.unreadable is not None:
-            progress.say(announce, f"skipping unreadable partition {piece.index}: {result.unreadable}")
-            unreadable.append(BadInput(url=piece.input, reason=result.unreadable, partition=piece.index,
-                                       row_groups=piece.row_groups))
-            continue
-        entries[piece.index] = result.entry
-        first, last = min(first, result.started), max(last, result.finished)
-    return first, last
+        each = TaskResult.all_from_frame(frame)
+        if each[0].unreadable is not None:  # the read failed: the same for every output
+            progress.say(announce, f"skipping unreadable partition {piece.index}: {each[0].unreadable}")
+        for result in each:
+            o = outs[result.output]
+            if result.unreadable is not None:
+                o.unreadable.append(BadInput(url=piece.input, reason=result.unreadable, partition=piece.index,
+                                             row_groups=piece.row_groups))
+                continue
+            o.entries[piece.index] = result.entry
+            o.first, o.last = min(o.first, result.started), max(o.last, result.finished)
 
 
 def _describe_piece(piece: Piece) -> str:

@@ -3,13 +3,16 @@
 ``tokenize_partition(piece, settings=, backend=)`` is all of it as a plain function. On the
 cluster the job keeps Dask's DataFrame shape: ``dd.from_map(read_piece, pieces)`` reads, and
 ``map_partitions(write_frame, <the pieces, one per partition>)`` tokenizes and writes; Dask
-fuses them into one task per planned piece (the job pins that, see ``job.py``).
+fuses them into one task per planned piece (the job pins that, see ``job.py``). A run of several
+encodings reads a piece once and calls ``write_partition`` once per output that lacks it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -33,7 +36,7 @@ FRAME_META = pd.DataFrame({
     "id": pd.Series([], dtype=pd.ArrowDtype(pa.string())),
     "text": pd.Series([], dtype=pd.ArrowDtype(pa.string())),  # or large_string, as the file has it
 })
-PIECE_META = pd.DataFrame({"piece": pd.Series([], dtype=object)})
+PIECE_META = pd.DataFrame({"piece": pd.Series([], dtype=object), "outputs": pd.Series([], dtype=object)})
 RESULT_META = pd.DataFrame({"result": pd.Series([], dtype=object)})
 
 
@@ -63,19 +66,22 @@ class TaskResult:
     unreadable: str | None = None
     started: float
     finished: float
+    output: int = 0
+    """Which of the run's outputs (its place in the job's settings) the entry belongs to."""
 
     @property
     def tokens(self) -> int:
         return self.entry.tokens if self.entry else 0
 
-    def as_frame(self) -> pd.DataFrame:
-        """The one-row frame ``map_partitions`` must return."""
-        return pd.DataFrame({"result": pd.Series([self], dtype=object)})
+    @staticmethod
+    def as_frame(results: Sequence["TaskResult"]) -> pd.DataFrame:
+        """The frame ``map_partitions`` must return: a row per result."""
+        return pd.DataFrame({"result": pd.Series(list(results), dtype=object)})
 
     @staticmethod
-    def from_frame(frame: pd.DataFrame) -> "TaskResult":
-        [result] = frame["result"].tolist()
-        return result
+    def all_from_frame(frame: pd.DataFrame) -> list["TaskResult"]:
+        """One per output the task wrote (``write_frame``)."""
+        return frame["result"].tolist()
 
 
 def tokenize_partition(piece: Piece, *, settings: TaskSettings, backend) -> TaskResult:
@@ -84,16 +90,25 @@ def tokenize_partition(piece: Piece, *, settings: TaskSettings, backend) -> Task
                                       on_bad_file=settings.on_bad_file), piece, settings=settings, backend=backend)
 
 
-def piece_frame(piece: Piece) -> pd.DataFrame:
+def piece_frame(piece: Piece, outputs: tuple[int, ...] | None = None) -> pd.DataFrame:
     """``dd.from_map``'s second collection: each partition's own piece, aligned with its rows, so
-    the piece reaches ``write_frame`` as an argument."""
-    return pd.DataFrame({"piece": pd.Series([piece], dtype=object)})
+    the piece reaches ``write_frame`` as an argument; with the outputs (places in the job's
+    settings) that still lack it, None for all."""
+    return pd.DataFrame({"piece": pd.Series([piece], dtype=object), "outputs": pd.Series([outputs], dtype=object)})
 
 
-def write_frame(frame: pd.DataFrame, pieces: pd.DataFrame, *, settings: TaskSettings) -> pd.DataFrame:
-    """``map_partitions``' function: the piece's rows and the piece in, one result row out."""
+def write_frame(frame: pd.DataFrame, pieces: pd.DataFrame, *,
+                settings: TaskSettings | Sequence[TaskSettings]) -> pd.DataFrame:
+    """``map_partitions``' function: the piece's rows and the piece in, one result row per output
+    written out. ``settings``: one output's, or one per output of a run of several encodings,
+    each written from the same rows (read and decoded once) with its worker's own encoder."""
     [piece] = pieces["piece"].tolist()
-    return write_partition(frame, piece, settings=settings, backend=settings.encoder.backend()).as_frame()
+    [wanted] = pieces["outputs"].tolist()
+    each = [settings] if isinstance(settings, TaskSettings) else list(settings)
+    results = [dataclasses.replace(write_partition(frame, piece, settings=each[i], backend=each[i].encoder.backend()),
+                                   output=i)
+               for i in (range(len(each)) if wanted is None else wanted)]
+    return TaskResult.as_frame(results)
 
 
 def read_piece(piece: Piece, *, text_column: str, storage_options: dict, on_bad_file: str = "fail") -> pd.DataFrame:
