@@ -208,19 +208,23 @@ def texts(pattern: str):
 
 
 def to_jsonl(pattern: str, scratch: Path) -> tuple[Path, float]:
-    """(the corpus as JSONL, seconds it took to write; 0 when cached)."""
+    """(the corpus as JSONL, seconds it took to write): cached in ``scratch``, named by the files'
+    paths, sizes and times, the seconds kept beside it."""
     files = sorted(glob.glob(pattern, recursive=True))
     key = hashlib.sha256(json.dumps([(f, os.path.getsize(f), os.path.getmtime(f)) for f in files]).encode()).hexdigest()
     dest = scratch / f"corpus-{key[:12]}.jsonl"
-    if dest.exists():
-        return dest, 0.0
+    took = dest.with_suffix(".seconds")
+    if dest.exists() and took.exists():
+        return dest, float(took.read_text())
+    scratch.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     tmp = dest.with_suffix(".tmp")
     with open(tmp, "w", encoding="utf-8") as out:
         for t, i in texts(pattern):
             out.write(json.dumps({"text": t, "id": i}, ensure_ascii=False) + "\n")
     tmp.rename(dest)
-    return dest, time.perf_counter() - t0
+    took.write_text(f"{time.perf_counter() - t0:.3f}")
+    return dest, float(took.read_text())
 
 
 def own_seconds(stdout: str) -> float:
@@ -292,7 +296,7 @@ def main() -> None:
     except NotAvailable as e:
         raise SystemExit(f"peer_megatron: skipped: {e}")
     jsonl, convert = to_jsonl(a.pattern, a.scratch)
-    print(f"{peer.note}; JSONL {jsonl.stat().st_size / 1e6:.0f} MB" + (f", written in {convert:.1f} s" if convert else ", cached"))
+    print(f"{peer.note}; JSONL {jsonl.stat().st_size / 1e6:.0f} MB, written in {convert:.1f} s (not timed)")
     with tempfile.TemporaryDirectory(dir=a.scratch) as tmp:
         prefix = Path(tmp) / "out"
         for r in range(a.repeats):

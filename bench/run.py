@@ -1,16 +1,21 @@
 #!/usr/bin/env python3
-"""`make bench`: our whole command vs. the machine's ceilings vs. the common mp.Pool baseline.
+"""`make bench`: our whole command vs. the machine's ceiling, the best peer and the mp.Pool baseline.
 
 All run on the same corpus in one go, interleaved (A B C A B C ...), and we report medians
-and ratios, never a lone absolute time: this machine is noisy. The ceilings are bare encoding
-loops, one process per core, texts read before the clock starts: tiktoken's (the reference,
-../shared/bench/raw_limit.py), the *fast ceiling* of splintr (``raw_limit.py --backend splintr``)
-and, when gigatoken is installed, gigatoken's (``fast_ceiling.py`` here: raw_limit.py has no
-loop for it). The baseline is ../shared/bench/peer_mp_pool.py; the corpus is
-../shared/bench/make_corpus.py's when it can be built, else the demo corpus scaled up. The larger
-corpus (``--memory-scale`` x) is run against the fast ceilings too.
+and ratios, never a lone absolute time: this machine is noisy. The ceiling is bare gigatoken
+(``../shared/bench/raw_limit.py --backend gigatoken``: one single-threaded batch call per process,
+one process per core, texts read before the clock starts), the fastest exact tokenizer and our
+default; bare splintr and bare tiktoken stay as extra rows. The best peer is Megatron-LM's
+``tools/preprocess_data_fast.py`` on the same text as JSONL (``peer_megatron.py``: it needs
+``--megatron-src`` or ``$MEGATRON_SRC``, and is skipped with the reason where it cannot be set up);
+the baseline is ../shared/bench/peer_mp_pool.py. The corpus is ../shared/bench/make_corpus.py's,
+held out (``--seed 24``: no test builds that one), else the demo corpus scaled up; ``--lang all,en``
+measures the whole mix and English alone in one invocation. The first corpus again at
+``--memory-scale`` x checks that peak memory stays flat, and the many-partition case measures our
+fixed cost per partition (issue 24: at most 5 ms of worker CPU).
 
-    python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--memory-scale 4]
+    python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--lang all,en] [--megatron-src DIR]
+    python bench/run.py --mb 1000 --lang all,en --memory-scale 0 --skip-export   # issue 24's figures
     python bench/run.py --export-only OUT [--repeats 3]   # only the export targets, on a finished run
 
 Export targets (issue 15): ``export --shuffle`` takes at most 2x an unshuffled export of the same
@@ -43,18 +48,25 @@ SHARED = ROOT.parent / "shared" / "bench"
 BIN = Path(sys.executable).parent
 
 
-def build_corpus(dest: Path, mb: float) -> tuple[Path, str]:
-    """(folder of parquet files, where the text came from)."""
+HELD_OUT_SEED = 24
+"""make_corpus.py's order of documents for the bench; the tests never build a corpus with it."""
+
+
+def build_corpus(dest: Path, mb: float, *, lang: str = "all", seed: int = HELD_OUT_SEED,
+                 extra: tuple[str, ...] = ()) -> tuple[Path, str]:
+    """(folder of parquet files, where the text came from); ``lang`` "all" is every language."""
+    langs = [] if lang == "all" else ["--lang", lang]
+    source = f"shared/bench/make_corpus.py (Debian docs, code and fortunes; {lang}; seed {seed})"
     if dest.exists() and any(dest.rglob("*.parquet")):
         return dest, (dest / "SOURCE").read_text() if (dest / "SOURCE").exists() else "cached"
     dest.mkdir(parents=True, exist_ok=True)
     maker = SHARED / "make_corpus.py"
     if maker.exists():
-        proc = subprocess.run([sys.executable, str(maker), str(dest), "--mb", str(mb), "--no-token-count"],
-                              capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, str(maker), str(dest), "--mb", str(mb), "--no-token-count",
+                               "--seed", str(seed), *langs, *extra], capture_output=True, text=True)
         if proc.returncode == 0:
-            (dest / "SOURCE").write_text("shared/bench/make_corpus.py (Debian docs and fortunes)")
-            return dest, "shared/bench/make_corpus.py (Debian docs and fortunes)"
+            (dest / "SOURCE").write_text(source)
+            return dest, source
         print(f"make_corpus.py failed ({proc.stderr.strip().splitlines()[-1:]}); using the demo corpus", file=sys.stderr)
     from tokenshards.demo import help_topics, stdlib_docstrings
 
@@ -80,12 +92,15 @@ def build_corpus(dest: Path, mb: float) -> tuple[Path, str]:
 class PeakTreeRSS:
     """Peak resident memory of a process and all its descendants, sampled every 50 ms: RSS summed
     (a page shared by N processes counts N times), or with ``proportional`` the PSS (a shared page
-    counts 1/N in each: the memory the tree really holds; reading it costs the run CPU)."""
+    counts 1/N in each: the memory the tree really holds; reading it costs the run CPU). Also the
+    CPU seconds of the tree: each process's last sample, summed (what a busy machine inflates less
+    than wall time; a process's last 50 ms may be missed)."""
 
     def __init__(self, pid: int, *, proportional: bool = False):
         self.root = psutil.Process(pid)
         self.proportional = proportional
         self.peak = 0
+        self.cpu: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -100,6 +115,8 @@ class PeakTreeRSS:
             for p in procs:
                 try:
                     total += p.memory_full_info().pss if self.proportional else p.memory_info().rss
+                    t = p.cpu_times()
+                    self.cpu[p.pid] = t.user + t.system
                 except psutil.NoSuchProcess:
                     pass
             self.peak = max(self.peak, total)
@@ -111,34 +128,40 @@ class PeakTreeRSS:
         return self.peak
 
 
-def run_metered(cmd: list[str], *, proportional: bool = False) -> tuple[str, float, int]:
+def run_metered(cmd: list[str], *, proportional: bool = False, env: dict | None = None) -> tuple[str, float, int]:
     """(stdout, wall seconds, peak tree RSS, or PSS with ``proportional``) of one whole command;
-    its stderr if it fails."""
+    its stderr if it fails. The tree's CPU seconds are in ``LAST_CPU`` (what a busy machine inflates less)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     meter = PeakTreeRSS(proc.pid, proportional=proportional)
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
     peak = meter.stop()
+    LAST_CPU[0] = sum(meter.cpu.values())
     if proc.returncode:
         raise SystemExit(f"{Path(cmd[0]).name} {cmd[1]} failed:\n{stderr}")
     return stdout, wall, peak
 
 
+LAST_CPU = [0.0]
+
+
 def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool = False, *,
-             proportional: bool = False) -> dict:
+             proportional: bool = False, extra: tuple[str, ...] = ()) -> dict:
     """One whole tokenize command; with ``proportional`` its peak memory is PSS (and its time is not comparable)."""
     out = scratch / f"out-{backend}"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [str(BIN / "tokenshards"), "tokenize", "--input", str(corpus), "--out", str(out), "--workers", str(workers),
-           "--backend", backend, "--progress", "none", "--dashboard-address", ":0"]
+           "--backend", backend, "--progress", "none", "--dashboard-address", ":0", *extra]
     stdout, wall, peak = run_metered(cmd, proportional=proportional)
     tokens = int(re.search(r"([\d,]+) tokens", stdout).group(1).replace(",", ""))
     phase = float(re.search(r"tokenizing phase ([\d.]+) s", stdout).group(1))
+    partitions = int(re.search(r"([\d,]+) partitions \(", stdout).group(1).replace(",", ""))
     if not keep:
         shutil.rmtree(out, ignore_errors=True)
-    return {"out": str(out), "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall, "phase_seconds": phase,
-            "phase_tokens_per_s": tokens / phase, "peak_rss_bytes": peak}
+    return {"out": str(out), "tokens": tokens, "partitions": partitions, "seconds": wall, "cpu_seconds": LAST_CPU[0],
+            "tokens_per_s": tokens / wall,
+            "phase_seconds": phase, "phase_tokens_per_s": tokens / phase, "peak_rss_bytes": peak}
 
 
 def run_export(out: Path, workers: int, scratch: Path, *, shuffle: bool) -> dict:
@@ -235,29 +258,221 @@ def run_script(script: str, args: list[str]) -> dict:
     return {"tokens": int(fields["tokens"]), "seconds": float(fields["seconds"]), "tokens_per_s": float(fields["tokens_per_s"])}
 
 
-def fast_ceilings() -> dict[str, tuple[str, list[str]]]:
-    """backend -> (script, extra args) of each fast ceiling this machine can run."""
+def ceilings() -> list[str]:
+    """The backends raw_limit.py has a bare loop for that are installed here, the ceiling first:
+    gigatoken (the fastest exact one, our default), then splintr and tiktoken as extra rows."""
     from tokenshards.encoding.backends import _installed
 
-    found = {}
-    if _installed("splintr"):
-        found["splintr"] = ("raw_limit.py", ["--backend", "splintr"])
-    if _installed("gigatoken"):
-        found["gigatoken"] = ("fast_ceiling.py", ["--backend", "gigatoken"])
-    return found
+    return [b for b in ("gigatoken", "splintr") if _installed(b)] + ["tiktoken"]
+
+
+def run_peer(peer, jsonl: Path, scratch: Path) -> dict:
+    """One whole run of Megatron's fast path, metered like ours; its own timer read from its output."""
+    from peer_megatron import own_seconds, peer_env, read_back
+
+    prefix = scratch / "megatron" / "out"
+    shutil.rmtree(prefix.parent, ignore_errors=True)
+    prefix.parent.mkdir(parents=True)
+    stdout, wall, peak = run_metered(peer.command(jsonl, prefix), env=peer_env())
+    tokens = int(read_back(prefix)[1].sum())
+    own = own_seconds(stdout)
+    return {"prefix": str(prefix), "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
+            "own_timer_seconds": own, "own_timer_tokens_per_s": tokens / own, "peak_rss_bytes": peak}
 
 
 def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> dict:
+    """Every backend of ours, the ceilings, the mp.Pool baseline and the peer, interleaved per repeat;
+    medians and ratios. With ``keep_last`` the default backend's last output stays (for the export targets)."""
+    files = sorted(corpus.rglob("*.parquet"))
+    glob_arg = str(files[0].parent / "*.parquet")
+    from tokenshards.encoding.backends import FAST_BACKENDS, _installed
+
+    # The reference, then every installed fast backend, fastest first: the first is what --backend auto picks.
+    backends = ["tiktoken"] + [b for b in FAST_BACKENDS if _installed(b)]
+    default = backends[1] if len(backends) > 1 else "tiktoken"
+    bare = ceilings()
+    runs: dict[str, list[dict]] = {f"ours_{b}": [] for b in backends}
+    runs.update({f"ceiling_{b}": [] for b in bare})
+    runs["baseline"] = []
+    peer_info: dict = {"skipped": peer} if isinstance(peer, str) else {"note": peer.note}
+    if not isinstance(peer, str):
+        from peer_megatron import check_exact, to_jsonl
+
+        jsonl, seconds = to_jsonl(glob_arg, a.scratch)  # kept with the peer's venv: 1 GB of text takes a while
+        peer_info.update(jsonl=str(jsonl), jsonl_bytes=jsonl.stat().st_size, jsonl_seconds=seconds)
+        runs["peer_megatron"] = []
+    for r in range(a.repeats):
+        for b in backends:
+            keep = keep_last and b == default and r == a.repeats - 1
+            runs[f"ours_{b}"].append(run_ours(corpus, a.workers, b, scratch, keep=keep))
+        for b in bare:
+            runs[f"ceiling_{b}"].append(run_script("raw_limit.py", [glob_arg, "--procs", str(a.workers), "--backend", b]))
+        runs["baseline"].append(run_script("peer_mp_pool.py", [glob_arg, str(scratch / "peer"), "--procs", str(a.workers)]))
+        shutil.rmtree(scratch / "peer", ignore_errors=True)
+        if "peer_megatron" in runs:
+            runs["peer_megatron"].append(run_peer(peer, jsonl, scratch))
+            if r == 0:  # its ids against tiktoken and its count against ours, once
+                check = check_exact(Path(runs["peer_megatron"][0]["prefix"]), glob_arg)
+                peer_info.update(exactness=check, our_tokens=runs[f"ours_{default}"][0]["tokens"])
+            shutil.rmtree(Path(runs["peer_megatron"][-1]["prefix"]).parent, ignore_errors=True)
+        print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f} M tok/s"
+                                                     for k, v in runs.items()), file=sys.stderr)
+    rates = {b: median(runs[f"ceiling_{b}"], "tokens_per_s") for b in bare}
+    ratios = {}
+    for b in backends:
+        ours = runs[f"ours_{b}"]
+        whole, phase = median(ours, "tokens_per_s"), median(ours, "phase_tokens_per_s")
+        ratios[b] = {"whole_command_vs_ceiling": whole / rates[bare[0]], "tokenizing_phase_vs_ceiling": phase / rates[bare[0]],
+                     "whole_command_vs_mp_pool": whole / median(runs["baseline"], "tokens_per_s"),
+                     "peak_rss_mb": median(ours, "peak_rss_bytes") / 1e6}
+        for c in bare[1:]:
+            ratios[b][f"whole_command_vs_bare_{c}"] = whole / rates[c]
+            ratios[b][f"tokenizing_phase_vs_bare_{c}"] = phase / rates[c]
+        if "peer_megatron" in runs:
+            theirs = runs["peer_megatron"]
+            ratios[b]["whole_command_vs_megatron"] = whole / median(theirs, "tokens_per_s")
+            ratios[b]["timed_part_vs_megatron"] = phase / median(theirs, "own_timer_tokens_per_s")
+    return {"corpus": {"path": str(corpus), "files": len(files)}, "backends": backends, "default": default,
+            "ceiling": bare[0], "medians_tokens_per_s": {k: median(v, "tokens_per_s") for k, v in runs.items()},
+            "ceilings_tokens_per_s": rates, "ratios": ratios, "peer": peer_info, "runs": runs}
+
+
+def print_corpus(name: str, m: dict, a) -> None:
+    rates, bare = m["ceilings_tokens_per_s"], m["ceiling"]
+    print(f"corpus {name}: {m['corpus']['source']}, {a.workers} workers, median of {a.repeats} interleaved runs")
+    print(f"  ceiling (bare {bare} x{a.workers}): {rates[bare] / 1e6:.2f} M tokens/s; extra rows: "
+          + ", ".join(f"bare {c} {r / 1e6:.2f}" for c, r in rates.items() if c != bare)
+          + f"; mp.Pool baseline {m['medians_tokens_per_s']['baseline'] / 1e6:.2f}")
+    peer = m["peer"]
+    if "skipped" in peer:
+        print(f"  Megatron fast path: skipped: {peer['skipped']}")
+    else:
+        from peer_megatron import describe
+
+        runs = m["runs"]["peer_megatron"]
+        print(f"  Megatron fast path: {median(runs, 'tokens_per_s') / 1e6:.2f} M tokens/s whole command, "
+              f"{median(runs, 'own_timer_tokens_per_s') / 1e6:.2f} M by its own timer, peak RSS "
+              f"{median(runs, 'peak_rss_bytes') / 1e6:.0f} MB (JSONL {peer['jsonl_bytes'] / 1e6:.0f} MB, written in {peer['jsonl_seconds']:.1f} s, not timed)")
+        print(f"    output: {describe(peer['exactness'], peer['our_tokens'])}")
+    for b, r in m["ratios"].items():
+        rate = m["medians_tokens_per_s"][f"ours_{b}"]
+        mark = " (default)" if b == m["default"] else ""
+        line = (f"  tokenshards --backend {b}{mark}: {rate / 1e6:.2f} M tokens/s, whole command {r['whole_command_vs_ceiling']:.2f} "
+                f"of bare {bare}, tokenizing phase {r['tokenizing_phase_vs_ceiling']:.2f}, {r['whole_command_vs_mp_pool']:.2f}x mp.Pool, "
+                f"peak RSS {r['peak_rss_mb']:.0f} MB")
+        if "whole_command_vs_megatron" in r:
+            line += f", {r['whole_command_vs_megatron']:.2f}x Megatron whole (phase vs its timer {r['timed_part_vs_megatron']:.2f}x)"
+        print(line)
+        for c in rates:
+            if c != bare:
+                print(f"      vs bare {c}: whole command {r[f'whole_command_vs_bare_{c}']:.2f}, "
+                      f"tokenizing phase {r[f'tokenizing_phase_vs_bare_{c}']:.2f}")
+    r = m["ratios"][m["default"]]
+    checks = [("whole command >= 0.88 of bare " + bare, r["whole_command_vs_ceiling"] >= 0.88),
+              ("tokenizing phase >= 0.97", r["tokenizing_phase_vs_ceiling"] >= 0.97)]
+    if "whole_command_vs_megatron" in r:
+        checks.append(("whole command >= 1.4x Megatron", r["whole_command_vs_megatron"] >= 1.4))
+    print("  issue 24 targets (--backend " + m["default"] + "): "
+          + "; ".join(f"{what}: {'ok' if ok else 'MISSED'}" for what, ok in checks))
+
+
+def memory_check(corpus: Path, m: dict, a, scratch: Path, *, keep: bool) -> dict:
+    """The default backend on a corpus ``--memory-scale`` x larger: peak RSS and PSS growth."""
+    default = m["default"]
+    big, _ = build_corpus(a.corpus_dir / f"{a.mb * a.memory_scale:g}mb-{a.lang[0]}-seed{HELD_OUT_SEED}",
+                          a.mb * a.memory_scale, lang=a.lang[0])
+    big_glob = str(sorted(big.rglob("*.parquet"))[0].parent / "*.parquet")
+    small_peak = median(m["runs"][f"ours_{default}"], "peak_rss_bytes")
+    if keep:  # the smaller run moves aside for the export targets; the larger one is kept too
+        Path(m["runs"][f"ours_{default}"][-1]["out"]).rename(scratch / "export-small-run")
+    # Untimed: the same two runs with the tree's PSS (shared pages split, not counted per process).
+    pss = [run_ours(c, a.workers, default, scratch, proportional=True)["peak_rss_bytes"] for c in (corpus, big)]
+    big_run = run_ours(big, a.workers, default, scratch, keep=keep)
+    # The ceiling again on the same larger corpus (its rate depends on the text).
+    bare = run_script("raw_limit.py", [big_glob, "--procs", str(a.workers), "--backend", m["ceiling"]])
+    return {"backend": default, "corpus_mb": [a.mb, a.mb * a.memory_scale],
+            "peak_rss_bytes": [small_peak, big_run["peak_rss_bytes"]], "growth": big_run["peak_rss_bytes"] / small_peak,
+            "peak_pss_bytes": pss, "pss_growth": pss[1] / pss[0], "larger_corpus_run": big_run,
+            "larger_corpus_ceiling": bare, "whole_command_vs_ceiling": big_run["tokens_per_s"] / bare["tokens_per_s"],
+            "tokenizing_phase_vs_ceiling": big_run["phase_tokens_per_s"] / bare["tokens_per_s"]}
+
+
+def print_memory(mem: dict, ceiling: str) -> None:
+    small, big = mem["corpus_mb"]
+    print(f"tokenshards --backend {mem['backend']} on {big:g} MB (one run): whole command {mem['whole_command_vs_ceiling']:.2f} "
+          f"of bare {ceiling} there, tokenizing phase {mem['tokenizing_phase_vs_ceiling']:.2f}")
+    print(f"peak RSS (--backend {mem['backend']}) at {small:g} MB vs {big:g} MB of text: x{mem['growth']:.2f}")
+    print(f"peak PSS (shared pages split among processes; untimed runs): {mem['peak_pss_bytes'][0] / 1e6:.0f} MB vs "
+          f"{mem['peak_pss_bytes'][1] / 1e6:.0f} MB, x{mem['pss_growth']:.2f}")
+
+
+PARTITIONS_MB = 60
+PARTITION_ROWS = 5
+"""Rows per row group in the many-partition corpus: ~1,500 row groups in each of its 2 files."""
+
+
+def partitions_case(a, scratch: Path, backend: str) -> dict:
+    """Our fixed cost per partition (issue 24: <= 5 ms of worker CPU). The same ~60 MB, written
+    with FineWeb's columns in tiny row groups, is planned once as one partition per row group and
+    once as ~10 partitions, interleaved; the extra worker time per partition is
+    (wall_many - wall_few) x workers / (partitions_many - partitions_few)."""
+    corpus, _ = build_corpus(a.corpus_dir / f"partitions-{PARTITIONS_MB}mb-seed{HELD_OUT_SEED + 1}", PARTITIONS_MB,
+                             seed=HELD_OUT_SEED + 1, extra=("--shards", "2", "--row-group-rows", str(PARTITION_ROWS)))
+    many, few = [], []
+    for r in range(a.repeats):
+        many.append(run_ours(corpus, a.workers, backend, scratch, extra=("--partition-mb", "0.000001")))
+        few.append(run_ours(corpus, a.workers, backend, scratch, extra=("--partition-mb", f"{PARTITIONS_MB / 10:g}")))
+        print(f"partitions repeat {r + 1}/{a.repeats}: {many[-1]['partitions']} partitions {many[-1]['seconds']:.1f} s, "
+              f"{few[-1]['partitions']} partitions {few[-1]['seconds']:.1f} s", file=sys.stderr)
+    counts = (many[0]["partitions"], few[0]["partitions"])
+    per = (median(many, "seconds") - median(few, "seconds")) * a.workers / (counts[0] - counts[1])
+    cpu = (median(many, "cpu_seconds") - median(few, "cpu_seconds")) / (counts[0] - counts[1])
+    return {"backend": backend, "corpus_mb": PARTITIONS_MB, "row_group_rows": PARTITION_ROWS, "partitions": counts,
+            "seconds": [median(many, "seconds"), median(few, "seconds")], "ms_per_partition": per * 1e3,
+            "tree_cpu_ms_per_partition": cpu * 1e3, "target_ms": 5.0, "ok": per * 1e3 <= 5.0,
+            "runs": {"many": many, "few": few}}
+
+
+def print_partitions(p: dict, workers: int) -> None:
+    many, few = p["partitions"]
+    print(f"fixed cost per partition (--backend {p['backend']}, {p['corpus_mb']} MB in row groups of {p['row_group_rows']} rows): "
+          f"{many:,} partitions {p['seconds'][0]:.1f} s vs {few} partitions {p['seconds'][1]:.1f} s: "
+          f"{p['ms_per_partition']:.1f} ms of worker time per partition ({workers} workers; target <= 5: "
+          f"{'ok' if p['ok'] else 'MISSED'}); the whole tree's CPU: {p['tree_cpu_ms_per_partition']:.1f} ms per partition")
+
+
+def prepare_peer(a) -> object:
+    """Megatron's fast path, ready to run, or the reason it is not (one line)."""
+    if a.no_peer:
+        return "--no-peer"
+    from peer_megatron import NotAvailable, prepare
+
+    try:
+        return prepare(a.megatron_src, a.scratch)
+    except NotAvailable as e:
+        return str(e)
+
+
 def main() -> None:
     global SHARED
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mb", type=float, default=200, help="text in the corpus (default 200 MB)")
+    ap.add_argument("--mb", type=float, default=200, help="text in the corpus (default 200 MB; 1000 for issue 24's figure)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
-    ap.add_argument("--memory-scale", type=float, default=4, help="second corpus size for the memory check (x --mb)")
+    ap.add_argument("--lang", type=lambda s: s.split(","), default=["all"],
+                    help="corpora to measure, comma-separated: all (every language) and/or make_corpus.py's "
+                         "--lang codes, e.g. all,en (default all)")
+    ap.add_argument("--memory-scale", type=float, default=4, help="second corpus size for the memory check (x --mb; 0: none)")
+    ap.add_argument("--partitions-case", action=argparse.BooleanOptionalAction, default=True,
+                    help=f"measure the fixed cost per partition on {PARTITIONS_MB} MB in thousands of partitions (default on)")
+    ap.add_argument("--megatron-src", type=Path, default=os.environ.get("MEGATRON_SRC") or None,
+                    help="Megatron-LM git repository or checkout for the peer (default $MEGATRON_SRC)")
+    ap.add_argument("--no-peer", action="store_true", help="leave out Megatron's fast path")
+    ap.add_argument("--scratch", type=Path, default=HERE / "scratch", help="the peer's venv, source and JSONL (default bench/scratch)")
     ap.add_argument("--corpus-dir", type=Path, default=HERE / "corpus")
     ap.add_argument("--out", type=Path, default=None, help="default bench/results.json (results-export.json)")
     ap.add_argument("--export-only", type=Path, metavar="RUN", help="measure only the export targets on this finished run")
@@ -280,110 +495,36 @@ def main() -> None:
     if not (SHARED / "raw_limit.py").exists():
         raise SystemExit(f"{SHARED}/raw_limit.py not found: the ceiling and baseline scripts live in shared/bench")
 
-    corpus, source = build_corpus(a.corpus_dir / f"{a.mb:g}mb", a.mb)
-    pattern = str(corpus / "**" / "*.parquet") if any(corpus.glob("*/**/*.parquet")) else str(corpus / "*.parquet")
-    files = sorted(Path(p) for p in __import__("glob").glob(pattern, recursive=True))
-    glob_arg = str(files[0].parent / "*.parquet")
-    from tokenshards.encoding.backends import FAST_BACKENDS, _installed
-
-    # The reference, then every installed fast backend, fastest first: the first is what --backend auto picks.
-    backends = ["tiktoken"] + [b for b in FAST_BACKENDS if _installed(b)]
-    default = backends[1] if len(backends) > 1 else "tiktoken"
-    runs: dict[str, list[dict]] = {f"ours_{b}": [] for b in backends}
-    runs.update(ceiling=[], baseline=[])
-    fast = fast_ceilings()
-    runs.update({f"fast_ceiling_{b}": [] for b in fast})
+    peer = prepare_peer(a)
+    if isinstance(peer, str):
+        print(f"Megatron fast path: skipped: {peer}", file=sys.stderr)
+    results = {"mb": a.mb, "workers": a.workers, "repeats": a.repeats, "corpora": {}, "memory": {}, "export": {},
+               "partitions": {}}
     with tempfile.TemporaryDirectory(prefix="tokenshards-bench-") as tmp:
         scratch = Path(tmp)
-        for r in range(a.repeats):
-            for b in backends:
-                keep = b == default and r == a.repeats - 1 and not a.skip_export  # the run the export targets read
-                runs[f"ours_{b}"].append(run_ours(corpus, a.workers, b, scratch, keep=keep))
-            runs["ceiling"].append(run_script("raw_limit.py", [glob_arg, "--procs", str(a.workers)]))
-            for b, (script, extra) in fast.items():
-                runs[f"fast_ceiling_{b}"].append(run_script(script, [glob_arg, "--procs", str(a.workers), *extra]))
-            runs["baseline"].append(run_script("peer_mp_pool.py", [glob_arg, str(scratch / "peer"), "--procs", str(a.workers)]))
-            shutil.rmtree(scratch / "peer", ignore_errors=True)
-            print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f} M tok/s"
-                                                         for k, v in runs.items()), file=sys.stderr)
-        memory = {}
+        first = None
+        for lang in a.lang:
+            corpus, source = build_corpus(a.corpus_dir / f"{a.mb:g}mb-{lang}-seed{HELD_OUT_SEED}", a.mb, lang=lang)
+            m = measure_corpus(corpus, a, scratch, peer, keep_last=first is None and not a.skip_export)
+            m["corpus"].update(mb=a.mb, lang=lang, source=source)
+            results["corpora"][lang] = m
+            print_corpus(lang, m, a)
+            first = first or (corpus, m)
+        corpus, m = first
+        keep = not a.skip_export
         if a.memory_scale:
-            big, _ = build_corpus(a.corpus_dir / f"{a.mb * a.memory_scale:g}mb", a.mb * a.memory_scale)
-            big_files = sorted(big.rglob("*.parquet"))
-            big_glob = str(big_files[0].parent / "*.parquet")
-            small_peak = median(runs[f"ours_{default}"], "peak_rss_bytes")
-            if not a.skip_export:  # the smaller run moves aside for the export targets; the larger one is kept too
-                Path(runs[f"ours_{default}"][-1]["out"]).rename(scratch / "export-small-run")
-            # Untimed: the same two runs with the tree's PSS (shared pages split, not counted per process).
-            pss = [run_ours(c, a.workers, default, scratch, proportional=True)["peak_rss_bytes"] for c in (corpus, big)]
-            big_run = run_ours(big, a.workers, default, scratch, keep=not a.skip_export)
-            big_peak = big_run["peak_rss_bytes"]
-            memory = {"backend": default, "corpus_mb": [a.mb, a.mb * a.memory_scale],
-                      "peak_rss_bytes": [small_peak, big_peak], "growth": big_peak / small_peak,
-                      "peak_pss_bytes": pss, "pss_growth": pss[1] / pss[0],
-                      "larger_corpus_run": big_run,
-                      # The fast ceilings again on the same larger corpus (their rate depends on the text).
-                      "larger_corpus_fast_ceilings": {
-                          b: run_script(script, [big_glob, "--procs", str(a.workers), *extra])
-                          for b, (script, extra) in fast.items()}}
-        export = {}
-        if not a.skip_export:
-            small_out = scratch / "export-small-run" if a.memory_scale else Path(runs[f"ours_{default}"][-1]["out"])
-            big_out = Path(memory["larger_corpus_run"]["out"]) if memory else replicate_run(small_out, scratch / "larger-run", 4)
-            export = export_targets(small_out, big_out, a.workers, a.repeats, scratch)
-
-    ceiling = median(runs["ceiling"], "tokens_per_s")
-    baseline = median(runs["baseline"], "tokens_per_s")
-    results = {
-        "corpus": {"mb": a.mb, "files": len(files), "source": source}, "workers": a.workers, "repeats": a.repeats,
-        "medians_tokens_per_s": {k: median(v, "tokens_per_s") for k, v in runs.items()},
-        "ratios": {}, "memory": memory, "export": export, "runs": runs,
-    }
-    fast_rates = {b: median(runs[f"fast_ceiling_{b}"], "tokens_per_s") for b in fast}
-    results["fast_ceilings_tokens_per_s"] = fast_rates
-    for b in backends:
-        ours = runs[f"ours_{b}"]
-        results["ratios"][b] = {
-            "whole_command_vs_ceiling": median(ours, "tokens_per_s") / ceiling,
-            "tokenizing_phase_vs_ceiling": median(ours, "phase_tokens_per_s") / ceiling,
-            "whole_command_vs_mp_pool": median(ours, "tokens_per_s") / baseline,
-            "peak_rss_mb": median(ours, "peak_rss_bytes") / 1e6,
-        }
-        for f, rate in fast_rates.items():
-            results["ratios"][b][f"whole_command_vs_fast_ceiling_{f}"] = median(ours, "tokens_per_s") / rate
-            results["ratios"][b][f"tokenizing_phase_vs_fast_ceiling_{f}"] = median(ours, "phase_tokens_per_s") / rate
-    if memory:
-        # The fixed start-up weighs less on more text; the ceiling is a rate, so this run's median applies.
-        big_run = memory["larger_corpus_run"]
-        big_scale = f"{a.mb * a.memory_scale:g}_mb"
-        results["ratios"][default][f"whole_command_vs_ceiling_at_{big_scale}"] = big_run["tokens_per_s"] / ceiling
-        for f, run in memory["larger_corpus_fast_ceilings"].items():
-            results["ratios"][default][f"whole_command_vs_fast_ceiling_{f}_at_{big_scale}"] = big_run["tokens_per_s"] / run["tokens_per_s"]
-            results["ratios"][default][f"tokenizing_phase_vs_fast_ceiling_{f}_at_{big_scale}"] = big_run["phase_tokens_per_s"] / run["tokens_per_s"]
+            results["memory"] = memory_check(corpus, m, a, scratch, keep=keep)
+            print_memory(results["memory"], m["ceiling"])
+        if keep:
+            small_out = scratch / "export-small-run" if a.memory_scale else Path(m["runs"][f"ours_{m['default']}"][-1]["out"])
+            big_out = (Path(results["memory"]["larger_corpus_run"]["out"]) if a.memory_scale
+                       else replicate_run(small_out, scratch / "larger-run", 4))
+            results["export"] = export_targets(small_out, big_out, a.workers, a.repeats, scratch)
+            print_export(results["export"])
+        if a.partitions_case:
+            results["partitions"] = partitions_case(a, scratch, m["default"])
+            print_partitions(results["partitions"], a.workers)
     a.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"corpus: {a.mb:g} MB of text ({source}), {a.workers} workers, median of {a.repeats} interleaved runs")
-    print(f"ceiling (bare tiktoken x{a.workers}): {ceiling / 1e6:.2f} M tokens/s; mp.Pool baseline: {baseline / 1e6:.2f} M tokens/s")
-    for f, rate in fast_rates.items():
-        print(f"fast ceiling (bare {f} x{a.workers}): {rate / 1e6:.2f} M tokens/s")
-    for b, r in results["ratios"].items():
-        rate = results["medians_tokens_per_s"][f"ours_{b}"]
-        print(f"tokenshards --backend {b}: {rate / 1e6:.2f} M tokens/s, whole command {r['whole_command_vs_ceiling']:.2f} of ceiling, tokenizing phase "
-              f"{r['tokenizing_phase_vs_ceiling']:.2f}, {r['whole_command_vs_mp_pool']:.2f}x mp.Pool, peak RSS {r['peak_rss_mb']:.0f} MB")
-        for f in fast_rates:
-            print(f"    vs the fast ceiling of {f}: whole command {r[f'whole_command_vs_fast_ceiling_{f}']:.2f}, "
-                  f"tokenizing phase {r[f'tokenizing_phase_vs_fast_ceiling_{f}']:.2f}")
-    if memory:
-        big_run = memory["larger_corpus_run"]
-        print(f"tokenshards --backend {default} on {a.mb * a.memory_scale:g} MB (one run): whole command "
-              f"{big_run['tokens_per_s'] / ceiling:.2f} of ceiling, tokenizing phase {big_run['phase_tokens_per_s'] / ceiling:.2f}")
-        for f, run in memory["larger_corpus_fast_ceilings"].items():
-            print(f"    vs the fast ceiling of {f} there: whole command {big_run['tokens_per_s'] / run['tokens_per_s']:.2f}, "
-                  f"tokenizing phase {big_run['phase_tokens_per_s'] / run['tokens_per_s']:.2f}")
-        print(f"peak RSS (--backend {default}) at {a.mb:g} MB vs {a.mb * a.memory_scale:g} MB of text: x{memory['growth']:.2f}")
-        print(f"peak PSS (shared pages split among processes; untimed runs): {memory['peak_pss_bytes'][0] / 1e6:.0f} MB vs "
-              f"{memory['peak_pss_bytes'][1] / 1e6:.0f} MB, x{memory['pss_growth']:.2f}")
-    if export:
-        print_export(export)
     print(f"written to {a.out}")
 
 
