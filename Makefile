@@ -109,8 +109,9 @@ export: $(STAMP)
 		$(if $(SEED),--shuffle --seed $(SEED)) $(if $(WEIGHTS),--weights $(WEIGHTS)) $(if $(TOKENS),--tokens $(TOKENS)) \
 		$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
 
+# make bench [MEGATRON_SRC=DIR]: DIR, a Megatron-LM git clone, adds its fast path as the peer (bench/peer_megatron.py).
 bench: $(STAMP)
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(if $(MEGATRON_SRC),--megatron-src $(MEGATRON_SRC))
 
 clean:
 	rm -rf out data/demo .pytest_cache
