@@ -82,8 +82,10 @@ class Peer:
 
 
 def peer_env() -> dict:
-    """Offline: no Hub look-ups by transformers; warnings of absent GPU libraries kept off stderr."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    """Offline: no Hub look-ups by transformers; warnings of absent GPU libraries kept off stderr;
+    none of our PYTHONPATH in its interpreter."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def _run(cmd: list[str], what: str, **kw) -> subprocess.CompletedProcess:
