@@ -284,6 +284,12 @@ def median(runs: list[dict], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def ratio(ours: list[dict], key: str, theirs: list[dict], their_key: str = "tokens_per_s") -> float:
+    """The median over repeats of ours / theirs within each repeat: the two ran minutes apart at
+    most, so a load that comes and goes on this machine moves both."""
+    return statistics.median(o[key] / t[their_key] for o, t in zip(ours, theirs))
+
+
 def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> dict:
     """Every backend of ours, the ceilings, the mp.Pool baseline and the peer, interleaved per repeat;
     medians and ratios. With ``keep_last`` the default backend's last output stays (for the export targets)."""
@@ -325,17 +331,18 @@ def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> 
     ratios = {}
     for b in backends:
         ours = runs[f"ours_{b}"]
-        whole, phase = median(ours, "tokens_per_s"), median(ours, "phase_tokens_per_s")
-        ratios[b] = {"whole_command_vs_ceiling": whole / rates[bare[0]], "tokenizing_phase_vs_ceiling": phase / rates[bare[0]],
-                     "whole_command_vs_mp_pool": whole / median(runs["baseline"], "tokens_per_s"),
+        ceiling = runs[f"ceiling_{bare[0]}"]
+        ratios[b] = {"whole_command_vs_ceiling": ratio(ours, "tokens_per_s", ceiling),
+                     "tokenizing_phase_vs_ceiling": ratio(ours, "phase_tokens_per_s", ceiling),
+                     "whole_command_vs_mp_pool": ratio(ours, "tokens_per_s", runs["baseline"]),
                      "peak_rss_mb": median(ours, "peak_rss_bytes") / 1e6}
         for c in bare[1:]:
-            ratios[b][f"whole_command_vs_bare_{c}"] = whole / rates[c]
-            ratios[b][f"tokenizing_phase_vs_bare_{c}"] = phase / rates[c]
+            ratios[b][f"whole_command_vs_bare_{c}"] = ratio(ours, "tokens_per_s", runs[f"ceiling_{c}"])
+            ratios[b][f"tokenizing_phase_vs_bare_{c}"] = ratio(ours, "phase_tokens_per_s", runs[f"ceiling_{c}"])
         if "peer_megatron" in runs:
             theirs = runs["peer_megatron"]
-            ratios[b]["whole_command_vs_megatron"] = whole / median(theirs, "tokens_per_s")
-            ratios[b]["timed_part_vs_megatron"] = phase / median(theirs, "own_timer_tokens_per_s")
+            ratios[b]["whole_command_vs_megatron"] = ratio(ours, "tokens_per_s", theirs)
+            ratios[b]["timed_part_vs_megatron"] = ratio(ours, "phase_tokens_per_s", theirs, "own_timer_tokens_per_s")
     return {"corpus": {"path": str(corpus), "files": len(files)}, "backends": backends, "default": default,
             "ceiling": bare[0], "medians_tokens_per_s": {k: median(v, "tokens_per_s") for k, v in runs.items()},
             "ceilings_tokens_per_s": rates, "ratios": ratios, "peer": peer_info, "runs": runs}
