@@ -130,20 +130,21 @@ class PeakTreeRSS:
 
 def run_metered(cmd: list[str], *, proportional: bool = False, env: dict | None = None) -> tuple[str, float, int]:
     """(stdout, wall seconds, peak tree RSS, or PSS with ``proportional``) of one whole command;
-    its stderr if it fails. The tree's CPU seconds are in ``LAST_CPU`` (what a busy machine inflates less)."""
+    its stderr if it fails. CPU seconds, of the whole tree and of all but its root process (the
+    workers, for our command), are left in ``LAST_CPU`` (a busy machine inflates them less than wall time)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     meter = PeakTreeRSS(proc.pid, proportional=proportional)
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
     peak = meter.stop()
-    LAST_CPU[0] = sum(meter.cpu.values())
+    LAST_CPU.update(tree=sum(meter.cpu.values()), below_root=sum(meter.cpu.values()) - meter.cpu.get(proc.pid, 0.0))
     if proc.returncode:
         raise SystemExit(f"{Path(cmd[0]).name} {cmd[1]} failed:\n{stderr}")
     return stdout, wall, peak
 
 
-LAST_CPU = [0.0]
+LAST_CPU = {"tree": 0.0, "below_root": 0.0}
 
 
 def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool = False, *,
@@ -159,7 +160,8 @@ def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool
     partitions = int(re.search(r"([\d,]+) partitions \(", stdout).group(1).replace(",", ""))
     if not keep:
         shutil.rmtree(out, ignore_errors=True)
-    return {"out": str(out), "tokens": tokens, "partitions": partitions, "seconds": wall, "cpu_seconds": LAST_CPU[0],
+    return {"out": str(out), "tokens": tokens, "partitions": partitions, "seconds": wall, "cpu_seconds": LAST_CPU["tree"],
+            "worker_cpu_seconds": LAST_CPU["below_root"],
             "tokens_per_s": tokens / wall,
             "phase_seconds": phase, "phase_tokens_per_s": tokens / phase, "peak_rss_bytes": peak}
 
@@ -426,7 +428,9 @@ def partitions_case(a, scratch: Path, backend: str) -> dict:
     """Our fixed cost per partition (issue 24: <= 5 ms of worker CPU). The same ~60 MB, written
     with FineWeb's columns in tiny row groups, is planned once as one partition per row group and
     once as ~10 partitions, interleaved; the extra worker time per partition is
-    (wall_many - wall_few) x workers / (partitions_many - partitions_few)."""
+    (wall_many - wall_few) x workers / (partitions_many - partitions_few). The same difference in
+    sampled CPU seconds of the workers, and of the whole tree, is reported beside it: the issue's
+    unit, and less moved by what else this machine runs."""
     corpus, _ = build_corpus(a.corpus_dir / f"partitions-{PARTITIONS_MB}mb-seed{HELD_OUT_SEED + 1}", PARTITIONS_MB,
                              seed=HELD_OUT_SEED + 1, extra=("--shards", "2", "--row-group-rows", str(PARTITION_ROWS)))
     many, few = [], []
@@ -437,10 +441,11 @@ def partitions_case(a, scratch: Path, backend: str) -> dict:
               f"{few[-1]['partitions']} partitions {few[-1]['seconds']:.1f} s", file=sys.stderr)
     counts = (many[0]["partitions"], few[0]["partitions"])
     per = (median(many, "seconds") - median(few, "seconds")) * a.workers / (counts[0] - counts[1])
-    cpu = (median(many, "cpu_seconds") - median(few, "cpu_seconds")) / (counts[0] - counts[1])
+    cpu = {k: (median(many, f"{k}_seconds") - median(few, f"{k}_seconds")) / (counts[0] - counts[1]) for k in ("cpu", "worker_cpu")}
     return {"backend": backend, "corpus_mb": PARTITIONS_MB, "row_group_rows": PARTITION_ROWS, "partitions": counts,
             "seconds": [median(many, "seconds"), median(few, "seconds")], "ms_per_partition": per * 1e3,
-            "tree_cpu_ms_per_partition": cpu * 1e3, "target_ms": 5.0, "ok": per * 1e3 <= 5.0,
+            "worker_cpu_ms_per_partition": cpu["worker_cpu"] * 1e3, "tree_cpu_ms_per_partition": cpu["cpu"] * 1e3,
+            "target_ms": 5.0, "ok": per * 1e3 <= 5.0,
             "runs": {"many": many, "few": few}}
 
 
@@ -449,7 +454,8 @@ def print_partitions(p: dict, workers: int) -> None:
     print(f"fixed cost per partition (--backend {p['backend']}, {p['corpus_mb']} MB in row groups of {p['row_group_rows']} rows): "
           f"{many:,} partitions {p['seconds'][0]:.1f} s vs {few} partitions {p['seconds'][1]:.1f} s: "
           f"{p['ms_per_partition']:.1f} ms of worker time per partition ({workers} workers; target <= 5: "
-          f"{'ok' if p['ok'] else 'MISSED'}); the whole tree's CPU: {p['tree_cpu_ms_per_partition']:.1f} ms per partition")
+          f"{'ok' if p['ok'] else 'MISSED'}); measured as CPU: {p['worker_cpu_ms_per_partition']:.1f} ms in the workers "
+          f"(and forkserver), {p['tree_cpu_ms_per_partition']:.1f} ms with the client and scheduler")
 
 
 def prepare_peer(a) -> object:
