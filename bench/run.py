@@ -518,8 +518,12 @@ def main() -> None:
         first = None
         for lang in a.lang:
             corpus, source = build_corpus(a.corpus_dir / f"{a.mb:g}mb-{lang}-seed{HELD_OUT_SEED}", a.mb, lang=lang)
-            m = measure_corpus(corpus, a, scratch, peer, keep_last=first is None and not a.skip_export)
+            keep = first is None and not a.skip_export
+            m = measure_corpus(corpus, a, scratch, peer, keep_last=keep)
             m["corpus"].update(mb=a.mb, lang=lang, source=source)
+            if keep:  # out of the way of the next corpus's runs, which reuse the folder name
+                last = m["runs"][f"ours_{m['default']}"][-1]
+                last["out"] = str(Path(last["out"]).rename(scratch / "first-corpus-run"))
             results["corpora"][lang] = m
             print_corpus(lang, m, a)
             first = first or (corpus, m)
