@@ -15,7 +15,7 @@ measures the whole mix and English alone in one invocation. The first corpus aga
 fixed cost per partition (issue 24: at most 5 ms of worker CPU).
 
     python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--lang all,en] [--megatron-src DIR]
-    python bench/run.py --mb 1000 --lang all,en --memory-scale 0 --skip-export   # issue 24's figures
+    python bench/run.py --mb 1000 --lang all,en --skip-export   # issue 24's figures (memory: 1 vs 4 GB)
     python bench/run.py --export-only OUT [--repeats 3]   # only the export targets, on a finished run
 
 Export targets (issue 15): ``export --shuffle`` takes at most 2x an unshuffled export of the same
@@ -485,7 +485,8 @@ def main() -> None:
     ap.add_argument("--megatron-src", type=Path, default=os.environ.get("MEGATRON_SRC") or None,
                     help="Megatron-LM git repository or checkout for the peer (default $MEGATRON_SRC)")
     ap.add_argument("--no-peer", action="store_true", help="leave out Megatron's fast path")
-    ap.add_argument("--scratch", type=Path, default=HERE / "scratch", help="the peer's venv, source and JSONL (default bench/scratch)")
+    ap.add_argument("--scratch", type=Path, default=HERE / "scratch",
+                    help="the peer's venv (~2.2 GB), source and JSONL (~1.1x the text), kept between runs (default bench/scratch)")
     ap.add_argument("--corpus-dir", type=Path, default=HERE / "corpus")
     ap.add_argument("--out", type=Path, default=None, help="default bench/results.json (results-export.json)")
     ap.add_argument("--export-only", type=Path, metavar="RUN", help="measure only the export targets on this finished run")
