@@ -15,7 +15,8 @@ measures the whole mix and English alone in one invocation. The first corpus aga
 fixed cost per partition (issue 24: at most 5 ms of worker CPU).
 
     python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--lang all,en] [--megatron-src DIR]
-    python bench/run.py --mb 1000 --lang all,en --skip-export   # issue 24's figures (memory: 1 vs 4 GB)
+    python bench/run.py --mb 1000 --lang all,en --memory-scale 2 --skip-export   # issue 24's figures
+    (the ceilings hold all texts in memory: at 1000 MB, --memory-scale 4 would need ~20 GB)
     python bench/run.py --export-only OUT [--repeats 3]   # only the export targets, on a finished run
 
 Export targets (issue 15): ``export --shuffle`` takes at most 2x an unshuffled export of the same
