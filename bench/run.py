@@ -304,9 +304,12 @@ def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> 
     backends = ["tiktoken"] + [b for b in FAST_BACKENDS if _installed(b)]
     default = backends[1] if len(backends) > 1 else "tiktoken"
     bare = ceilings()
+    if a.default_only:  # the rows at 1 GB: the slow extra rows take most of an hour there
+        backends, bare = [default], bare[:1]
     runs: dict[str, list[dict]] = {f"ours_{b}": [] for b in backends}
     runs.update({f"ceiling_{b}": [] for b in bare})
-    runs["baseline"] = []
+    if not a.default_only:
+        runs["baseline"] = []
     peer_info: dict = {"skipped": peer} if isinstance(peer, str) else {"note": peer.note}
     if not isinstance(peer, str):
         from peer_megatron import check_exact, to_jsonl
@@ -320,8 +323,9 @@ def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> 
             runs[f"ours_{b}"].append(run_ours(corpus, a.workers, b, scratch, keep=keep))
         for b in bare:
             runs[f"ceiling_{b}"].append(run_script("raw_limit.py", [glob_arg, "--procs", str(a.workers), "--backend", b]))
-        runs["baseline"].append(run_script("peer_mp_pool.py", [glob_arg, str(scratch / "peer"), "--procs", str(a.workers)]))
-        shutil.rmtree(scratch / "peer", ignore_errors=True)
+        if "baseline" in runs:
+            runs["baseline"].append(run_script("peer_mp_pool.py", [glob_arg, str(scratch / "peer"), "--procs", str(a.workers)]))
+            shutil.rmtree(scratch / "peer", ignore_errors=True)
         if "peer_megatron" in runs:
             runs["peer_megatron"].append(run_peer(peer, jsonl, scratch))
             if r == 0:  # its ids against tiktoken and its count against ours, once
@@ -337,8 +341,9 @@ def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> 
         ceiling = runs[f"ceiling_{bare[0]}"]
         ratios[b] = {"whole_command_vs_ceiling": ratio(ours, "tokens_per_s", ceiling),
                      "tokenizing_phase_vs_ceiling": ratio(ours, "phase_tokens_per_s", ceiling),
-                     "whole_command_vs_mp_pool": ratio(ours, "tokens_per_s", runs["baseline"]),
                      "peak_rss_mb": median(ours, "peak_rss_bytes") / 1e6}
+        if "baseline" in runs:
+            ratios[b]["whole_command_vs_mp_pool"] = ratio(ours, "tokens_per_s", runs["baseline"])
         for c in bare[1:]:
             ratios[b][f"whole_command_vs_bare_{c}"] = ratio(ours, "tokens_per_s", runs[f"ceiling_{c}"])
             ratios[b][f"tokenizing_phase_vs_bare_{c}"] = ratio(ours, "phase_tokens_per_s", runs[f"ceiling_{c}"])
@@ -356,7 +361,8 @@ def print_corpus(name: str, m: dict, a) -> None:
     print(f"corpus {name}: {m['corpus']['source']}, {a.workers} workers, median of {a.repeats} interleaved runs")
     print(f"  ceiling (bare {bare} x{a.workers}): {rates[bare] / 1e6:.2f} M tokens/s; extra rows: "
           + ", ".join(f"bare {c} {r / 1e6:.2f}" for c, r in rates.items() if c != bare)
-          + f"; mp.Pool baseline {m['medians_tokens_per_s']['baseline'] / 1e6:.2f}")
+          + (f"; mp.Pool baseline {m['medians_tokens_per_s']['baseline'] / 1e6:.2f}"
+             if "baseline" in m["medians_tokens_per_s"] else ""))
     peer = m["peer"]
     if "skipped" in peer:
         print(f"  Megatron fast path: skipped: {peer['skipped']}")
@@ -372,8 +378,9 @@ def print_corpus(name: str, m: dict, a) -> None:
         rate = m["medians_tokens_per_s"][f"ours_{b}"]
         mark = " (default)" if b == m["default"] else ""
         line = (f"  tokenshards --backend {b}{mark}: {rate / 1e6:.2f} M tokens/s, whole command {r['whole_command_vs_ceiling']:.2f} "
-                f"of bare {bare}, tokenizing phase {r['tokenizing_phase_vs_ceiling']:.2f}, {r['whole_command_vs_mp_pool']:.2f}x mp.Pool, "
-                f"peak RSS {r['peak_rss_mb']:.0f} MB")
+                f"of bare {bare}, tokenizing phase {r['tokenizing_phase_vs_ceiling']:.2f}, "
+                + (f"{r['whole_command_vs_mp_pool']:.2f}x mp.Pool, " if "whole_command_vs_mp_pool" in r else "")
+                + f"peak RSS {r['peak_rss_mb']:.0f} MB")
         if "whole_command_vs_megatron" in r:
             line += f", {r['whole_command_vs_megatron']:.2f}x Megatron whole (phase vs its timer {r['timed_part_vs_megatron']:.2f}x)"
         print(line)
@@ -485,6 +492,9 @@ def main() -> None:
                     help=f"measure the fixed cost per partition on {PARTITIONS_MB} MB in thousands of partitions (default on)")
     ap.add_argument("--megatron-src", type=Path, default=os.environ.get("MEGATRON_SRC") or None,
                     help="Megatron-LM git repository or checkout for the peer (default $MEGATRON_SRC)")
+    ap.add_argument("--default-only", action="store_true",
+                    help="only our default backend against bare gigatoken and the peer (no splintr, tiktoken or "
+                         "mp.Pool rows): the issue's figures at 1 GB in minutes instead of an hour")
     ap.add_argument("--no-peer", action="store_true", help="leave out Megatron's fast path")
     ap.add_argument("--scratch", type=Path, default=HERE / "scratch",
                     help="the peer's venv (~2.2 GB), source and JSONL (~1.1x the text), kept between runs (default bench/scratch)")
