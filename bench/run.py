@@ -11,11 +11,13 @@ default; bare splintr and bare tiktoken stay as extra rows. The best peer is Meg
 the baseline is ../shared/bench/peer_mp_pool.py. The corpus is ../shared/bench/make_corpus.py's,
 held out (``--seed 24``: no test builds that one), else the demo corpus scaled up; ``--lang all,en``
 measures the whole mix and English alone in one invocation. The first corpus again at
-``--memory-scale`` x checks that peak memory stays flat, and the many-partition case measures our
-fixed cost per partition (issue 24: at most 5 ms of worker CPU).
+``--memory-scale`` x checks that peak memory stays flat, the many-partition case measures our
+fixed cost per partition (issue 24: at most 5 ms of worker CPU), and the encodings case times gpt2
+and cl100k_base in one command against one command each (issue 25; ``encodings_at_once.py``).
 
     python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--lang all,en] [--megatron-src DIR]
-    python bench/run.py --mb 1000 --lang all,en --memory-scale 2 --skip-export   # issue 24's figures
+    python bench/run.py --mb 1000 --lang all,en --default-only --memory-scale 0 --skip-export \
+        --no-partitions-case --no-encodings-case   # issue 24's 1 GB figures (bench/results-1gb.json)
     (the ceilings hold all texts in memory: at 1000 MB, --memory-scale 4 would need ~20 GB)
     python bench/run.py --export-only OUT [--repeats 3]   # only the export targets, on a finished run
 
@@ -466,6 +468,21 @@ def print_partitions(p: dict, workers: int) -> None:
           f"(and forkserver), {p['tree_cpu_ms_per_partition']:.1f} ms with the client and scheduler")
 
 
+def encodings_case(corpus: Path, a, scratch: Path) -> dict:
+    """Issue 25: gpt2 and cl100k_base in one command against one command each, on the corpus just
+    measured (``encodings_at_once.measure``: interleaved, medians, outputs compared byte for byte)."""
+    from encodings_at_once import measure
+
+    glob_arg = str(sorted(corpus.rglob("*.parquet"))[0].parent / "*.parquet")
+    return measure(glob_arg, ["gpt2", "cl100k_base"], workers=a.workers, repeats=a.repeats, scratch=scratch / "encodings")
+
+
+def print_encodings(e: dict) -> None:
+    print(f"{' + '.join(e['encodings'])} in one command vs one command each: x{e['ratio']:.2f} wall time, "
+          f"x{e['cpu_ratio']:.2f} CPU (medians of {e['repeats']}); outputs identical to the separate runs: "
+          f"{e['outputs_identical_to_separate_runs']}")
+
+
 def prepare_peer(a) -> object:
     """Megatron's fast path, ready to run, or the reason it is not (one line)."""
     if a.no_peer:
@@ -490,6 +507,8 @@ def main() -> None:
     ap.add_argument("--memory-scale", type=float, default=4, help="second corpus size for the memory check (x --mb; 0: none)")
     ap.add_argument("--partitions-case", action=argparse.BooleanOptionalAction, default=True,
                     help=f"measure the fixed cost per partition on {PARTITIONS_MB} MB in thousands of partitions (default on)")
+    ap.add_argument("--encodings-case", action=argparse.BooleanOptionalAction, default=True,
+                    help="time two encodings in one command against one command each, on the first corpus (default on)")
     ap.add_argument("--megatron-src", type=Path, default=os.environ.get("MEGATRON_SRC") or None,
                     help="Megatron-LM git repository or checkout for the peer (default $MEGATRON_SRC)")
     ap.add_argument("--default-only", action="store_true",
@@ -553,6 +572,9 @@ def main() -> None:
         if a.partitions_case:
             results["partitions"] = partitions_case(a, scratch, m["default"])
             print_partitions(results["partitions"], a.workers)
+        if a.encodings_case:
+            results["encodings"] = encodings_case(corpus, a, scratch)
+            print_encodings(results["encodings"])
     a.out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"written to {a.out}")
 

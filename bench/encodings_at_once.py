@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Several encodings at once against one run per encoding (issue 25, part 2).
 
-    python bench/encodings.py [--mb 50] [--encodings gpt2 cl100k_base] [--repeats 3] [--workers N]
-    python bench/encodings.py --corpus 'DIR/*.parquet' ...      # an existing corpus instead
+    python bench/encodings_at_once.py [--mb 50] [--encodings gpt2 cl100k_base] [--repeats 3] [--workers N]
+    python bench/encodings_at_once.py --corpus 'DIR/*.parquet' ...      # an existing corpus instead
 
 Each repeat runs, interleaved, one whole ``tokenshards tokenize --encoding A --encoding B ...
 --out ...`` command and then one command per encoding; we report the medians of the combined
@@ -12,7 +12,7 @@ of each command's whole process tree (steadier on a machine others share). The f
 that every OUT of the combined run holds the same bytes as its separate run. The corpus is
 ../shared/bench/make_corpus.py's (``--mb`` of text) when it can be built, else the demo corpus.
 
-``measure(...)`` is the function ``bench/run.py`` can call; writes bench/results-encodings.json.
+``measure(...)`` is what ``bench/run.py`` calls (its encodings case); writes bench/results-encodings.json.
 """
 from __future__ import annotations
 
