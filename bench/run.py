@@ -160,7 +160,7 @@ def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool
     stdout, wall, peak = run_metered(cmd, proportional=proportional)
     tokens = int(re.search(r"([\d,]+) tokens", stdout).group(1).replace(",", ""))
     phase = float(re.search(r"tokenizing phase ([\d.]+) s", stdout).group(1))
-    partitions = int(re.search(r"([\d,]+) partitions \(", stdout).group(1).replace(",", ""))
+    partitions = int(re.search(r"([\d,]+) partitions? \(", stdout).group(1).replace(",", ""))
     if not keep:
         shutil.rmtree(out, ignore_errors=True)
     return {"out": str(out), "tokens": tokens, "partitions": partitions, "seconds": wall, "cpu_seconds": LAST_CPU["tree"],
