@@ -4,7 +4,7 @@
 cluster the job keeps Dask's DataFrame shape: ``dd.from_map(read_piece, pieces)`` reads, and
 ``map_partitions(write_frame, <the pieces, one per partition>)`` tokenizes and writes; Dask
 fuses them into one task per planned piece (the job pins that, see ``job.py``). A run of several
-encodings reads a piece once and calls ``write_partition`` once per output that lacks it.
+encodings reads a piece once and writes it for each output that lacks it (``write_outputs``).
 """
 from __future__ import annotations
 
@@ -105,10 +105,10 @@ def write_frame(frame: pd.DataFrame, pieces: pd.DataFrame, *,
     [piece] = pieces["piece"].tolist()
     [wanted] = pieces["outputs"].tolist()
     each = [settings] if isinstance(settings, TaskSettings) else list(settings)
-    results = [dataclasses.replace(write_partition(frame, piece, settings=each[i], backend=each[i].encoder.backend()),
-                                   output=i)
-               for i in (range(len(each)) if wanted is None else wanted)]
-    return TaskResult.as_frame(results)
+    chosen = list(range(len(each)) if wanted is None else wanted)
+    written = write_outputs(frame, piece, settings=[each[i] for i in chosen],
+                            backends=[each[i].encoder.backend() for i in chosen])
+    return TaskResult.as_frame([dataclasses.replace(r, output=i) for i, r in zip(chosen, written)])
 
 
 def read_piece(piece: Piece, *, text_column: str, storage_options: dict, on_bad_file: str = "fail") -> pd.DataFrame:
@@ -206,26 +206,38 @@ def _null_invalid_utf8(text: pa.Array) -> tuple[pa.Array, list[int]]:
 def write_partition(frame: pd.DataFrame, piece: Piece, *, settings: TaskSettings, backend) -> TaskResult:
     """Tokenize the piece's rows, write tokens + docs, then the done record that commits them.
     Tokens stay on the worker; the result carries the manifest entry."""
+    [result] = write_outputs(frame, piece, settings=[settings], backends=[backend])
+    return result
+
+
+def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskSettings],
+                  backends: Sequence) -> list[TaskResult]:
+    """``write_partition`` for each output (settings, backend) from the same rows: the UTF-8 check
+    and the documents' ids, which no encoding changes, are made once for all of them."""
     started = time.time()
     if len(frame) == 1 and frame["row"].iat[0] == UNREADABLE:
-        return TaskResult(piece=piece, entry=None, unreadable=frame["id"].iat[0], started=started, finished=time.time())
+        return [TaskResult(piece=piece, entry=None, unreadable=frame["id"].iat[0], started=started, finished=time.time())
+                for _ in settings]
     text, invalid = _null_invalid_utf8(pa.array(frame["text"]))
-    if invalid and settings.on_bad_file != "skip":
+    if invalid and settings[0].on_bad_file != "skip":
         more = f" (and {len(invalid) - 1} more rows of this partition)" if len(invalid) > 1 else ""
         raise InputError(f"{piece.input}: partition {piece.index}, row {int(frame['row'].iat[invalid[0]])}: column "
-                         f"{settings.text_column!r} is not valid UTF-8{more}; fix the file, or pass --on-bad-file skip "
+                         f"{settings[0].text_column!r} is not valid UTF-8{more}; fix the file, or pass --on-bad-file skip "
                          "to skip such rows")
-    batch = tokenize_column(text, backend, eot_position=settings.eot_position, dtype=settings.dtype)
-    rows = frame["row"].to_numpy()[batch.kept]
-    ids = pa.array(frame["id"]).take(pa.array(batch.kept)).to_pylist()
-    ids = [i if i is not None else f"{piece.name}:{r}" for i, r in zip(ids, rows.tolist())]
-
-    files = v1.partition_files(piece, batch.tokens, ids=ids, rows=rows, starts=batch.starts, lengths=batch.lengths,
-                               skipped_null=batch.skipped_null - len(invalid), skipped_empty=batch.skipped_empty,
-                               backend=settings.backend,
-                               invalid_rows=frame["row"].to_numpy()[invalid].tolist() if invalid else ())
-    _commit(files, settings)
-    return TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time())
+    all_rows = frame["row"].to_numpy()
+    all_ids = [i if i is not None else f"{piece.name}:{r}"
+               for i, r in zip(pa.array(frame["id"]).to_pylist(), all_rows.tolist())]
+    invalid_rows = all_rows[invalid].tolist() if invalid else ()
+    results = []
+    for each, backend in zip(settings, backends):
+        batch = tokenize_column(text, backend, eot_position=each.eot_position, dtype=each.dtype)
+        files = v1.partition_files(piece, batch.tokens, ids=[all_ids[k] for k in batch.kept.tolist()],
+                                   rows=all_rows[batch.kept], starts=batch.starts, lengths=batch.lengths,
+                                   skipped_null=batch.skipped_null - len(invalid), skipped_empty=batch.skipped_empty,
+                                   backend=each.backend, invalid_rows=invalid_rows)
+        _commit(files, each)
+        results.append(TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time()))
+    return results
 
 
 def _commit(files: v1.PartFiles, settings: TaskSettings) -> None:
