@@ -379,7 +379,7 @@ class _Piece(Protocol):
 
 
 class PartFiles(NamedTuple):
-    tokens: bytes
+    tokens: bytes | bytearray
     """``tokens.npy``: a 1-D little-endian array."""
     docs: bytes
     """``docs.parquet``: id, row, start, length."""
@@ -409,11 +409,17 @@ def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: list[str], rows, 
     return PartFiles(tokens_bytes, docs_bytes, entry)
 
 
-def npy_bytes(tokens: np.ndarray) -> bytes:
-    """``np.save``'s bytes of the array stored little-endian, whatever the machine's order."""
-    buf = io.BytesIO()
-    np.save(buf, tokens.astype(tokens.dtype.newbyteorder("<"), copy=False), allow_pickle=False)
-    return buf.getvalue()
+def npy_bytes(tokens: np.ndarray) -> bytearray:
+    """``np.save``'s bytes of the 1-D array stored little-endian, whatever the machine's order.
+    Made with one copy of the tokens (``np.save`` into a buffer makes two or three)."""
+    little = np.ascontiguousarray(tokens.astype(tokens.dtype.newbyteorder("<"), copy=False))
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(little))
+    header = head.getvalue()
+    out = bytearray(len(header) + little.nbytes)
+    out[:len(header)] = header
+    np.frombuffer(out, dtype=little.dtype, offset=len(header))[:] = little
+    return out
 
 
 def _parquet_bytes(table: pa.Table) -> bytes:
