@@ -18,6 +18,8 @@ and cl100k_base in one command against one command each (issue 25; ``encodings_a
     python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--lang all,en] [--megatron-src DIR]
     python bench/run.py --mb 1000 --lang all,en --default-only --memory-scale 0 --skip-export \
         --no-partitions-case --no-encodings-case   # issue 24's 1 GB figures (bench/results-1gb.json)
+    python bench/run.py --mb 200 --default-only --memory-scale 0 --skip-export --no-partitions-case \
+        --no-encodings-case --out bench/results-200mb.json   # its 200 MB row
     (the ceilings hold all texts in memory: at 1000 MB, --memory-scale 4 would need ~20 GB)
     python bench/run.py --export-only OUT [--repeats 3]   # only the export targets, on a finished run
 
