@@ -29,6 +29,7 @@ from ..cluster.options import RunOptions
 from ..encoding.encoders import EncoderPlugin, load_encoding
 from ..errors import UserError
 from ..wording import counted
+from ..tokenize.footers import WORKER_FOOTERS
 from ..storage.store import describe_identity_change, file_identity_like, filesystem, is_local, join, read_json
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
@@ -147,9 +148,11 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
     if changed:
         return [f"{where}: input changed since the run ({entry.input}: {changed}); its documents were not "
                 "compared; re-tokenize it to check"], 0
+    recorded = (expected.input_identities or {}).get(entry.input)
     try:
         texts = _read_rows(entry.input, [rows[i] for i in sample], row_groups=entry.row_groups,
-                           text_column=expected.text_column, storage_options=storage_options)
+                           text_column=expected.text_column, storage_options=storage_options,
+                           identity=tuple(recorded.items()) if recorded else ())
     except (OSError, pa.ArrowException, KeyError, ValueError) as e:
         return [f"{where}: --deep cannot read {entry.input} ({type(e).__name__}: {str(e).splitlines()[0]})"], 0
     encoding = expected.encoder.encoding()
@@ -188,12 +191,15 @@ def _input_change(url: str, recorded: dict | None, *, storage_options: dict) -> 
 
 
 def _read_rows(url: str, rows: list[int], *, row_groups: tuple[int, int], text_column: str,
-               storage_options: dict) -> dict[int, str | None | Exception]:
+               storage_options: dict, identity: tuple = ()) -> dict[int, str | None | Exception]:
     """{row: text} for the given source rows, reading only the row groups that hold them; a row
-    outside the partition's row groups maps to the problem it is."""
+    outside the partition's row groups maps to the problem it is. With the input's ``identity``
+    as the run recorded it (checked unchanged just before), the footer is parsed once per worker
+    for all the partitions of that file (``tokenize.footers``)."""
     fs, path = filesystem(url, storage_options)
     with fs.open(path, "rb") as f:
-        pf = pq.ParquetFile(f)
+        pf = pq.ParquetFile(f, metadata=WORKER_FOOTERS.get(url, identity))
+        WORKER_FOOTERS.keep(url, identity, pf.metadata)
         bounds = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
         group_of = {row: bisect_right(bounds, row) - 1 for row in rows}
         wanted = sorted({g for g in group_of.values() if row_groups[0] <= g < row_groups[1]})
