@@ -420,7 +420,12 @@ def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> in
 def console_main(argv: list[str] | None = None):
     """The ``tokenshards`` command. Once it is done, the exit handlers run and the process ends
     there: the interpreter's own teardown would free, one by one, every object Dask, pandas and
-    bokeh made, for nothing (~0.15 s of a tokenize run measured here, after what the workers wait on)."""
+    bokeh made, for nothing (~0.15 s of a tokenize run measured here, after what the workers wait on).
+
+    This process never does linear algebra, yet numpy's OpenBLAS starts a thread per core that
+    spins for a while after loading (~0.1 s of CPU at start-up, profiled): while the local workers'
+    forkserver imports on the other core. One thread, unless the environment says otherwise."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     code = main(argv, prestart_workers=True)
     atexit._run_exitfuncs()  # what sys.exit would run: logging flushes, temp-file and process finalizers
     for stream in (sys.stdout, sys.stderr):
