@@ -41,6 +41,20 @@ def test_the_cache_keys_by_identity_and_is_bounded(tmp_path):
     assert small.get("0", (("size", 0),)) is None and small.get("2", (("size", 2),)) is metas[2]
 
 
+def _count_parses(monkeypatch) -> list[bool]:
+    """A list that gets, for each ParquetFile opened from now on, whether it parsed the footer
+    (no ``metadata`` handed in)."""
+    parsed = []
+    real = pq.ParquetFile.__init__
+
+    def counting(self, source, *args, metadata=None, **kwargs):
+        parsed.append(metadata is None)
+        real(self, source, *args, metadata=metadata, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "__init__", counting)
+    return parsed
+
+
 class _Encoder:
     def __init__(self, backend):
         self._backend = backend
@@ -59,14 +73,7 @@ def test_a_worker_parses_a_file_footer_once_and_a_replaced_file_is_refused(tmp_p
     monkeypatch.setattr(footers, "WORKER_FOOTERS", FooterCache())
     import tokenshards.tokenize.task as task
     monkeypatch.setattr(task, "WORKER_FOOTERS", footers.WORKER_FOOTERS)
-    parsed = []
-    real = pq.ParquetFile.__init__
-
-    def counting(self, source, *args, metadata=None, **kwargs):
-        parsed.append(metadata is None)
-        real(self, source, *args, metadata=metadata, **kwargs)
-
-    monkeypatch.setattr(pq.ParquetFile, "__init__", counting)
+    parsed = _count_parses(monkeypatch)
     out = tmp_path / "out"
     settings = TaskSettings(out=str(out), storage_options={}, encoder=None, dtype="uint16", eot_position="prefix",
                             job="j", backend="tiktoken")
@@ -107,14 +114,7 @@ def test_verify_deep_reads_a_file_footer_once_per_worker(tmp_path, monkeypatch):
     texts = [f"document {i}: 🙂 中文 {i}" for i in range(200)]
     pq.write_table(pa.table({"text": texts}), src, row_group_size=20)
     monkeypatch.setattr(verify_job, "WORKER_FOOTERS", FooterCache())
-    parsed = []
-    real = pq.ParquetFile.__init__
-
-    def counting(self, source, *args, metadata=None, **kwargs):
-        parsed.append(metadata is None)
-        real(self, source, *args, metadata=metadata, **kwargs)
-
-    monkeypatch.setattr(pq.ParquetFile, "__init__", counting)
+    parsed = _count_parses(monkeypatch)
     identity = (("size", os.path.getsize(src)),)
     for g in range(10):
         got = verify_job._read_rows(str(src), [g * 20 + 3], row_groups=(g, g + 1), text_column="text",

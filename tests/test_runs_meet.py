@@ -94,7 +94,7 @@ def test_rerun_after_a_crash_takes_over_its_lease(corpus, tmp_path, cluster):
     assert (out / LEASE_FILE).exists()
     notes = []
     run_tokenize(_config(corpus, out, cluster, backend="tiktoken"), announce=notes.append)
-    assert any(f"took over the stale lease of a tokenize run on host" in n and f"pid {crashed.pid}" in n for n in notes)
+    assert any("took over the stale lease of a tokenize run on host" in n and f"pid {crashed.pid}" in n for n in notes)
     assert (out / "manifest.json").exists() and not (out / LEASE_FILE).exists()
 
 
