@@ -143,12 +143,11 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
     where = f"partition {entry.index}"
     rows = docs.column("row").to_pylist()
     sample = [i for i in sample if i < len(rows)]  # a wrong docs count is already reported
-    changed = _input_change(entry.input, (expected.input_identities or {}).get(entry.input),
-                            storage_options=storage_options)
+    recorded = (expected.input_identities or {}).get(entry.input)
+    changed = _input_change(entry.input, recorded, storage_options=storage_options)
     if changed:
         return [f"{where}: input changed since the run ({entry.input}: {changed}); its documents were not "
                 "compared; re-tokenize it to check"], 0
-    recorded = (expected.input_identities or {}).get(entry.input)
     try:
         texts = _read_rows(entry.input, [rows[i] for i in sample], row_groups=entry.row_groups,
                            text_column=expected.text_column, storage_options=storage_options,
