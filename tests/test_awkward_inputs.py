@@ -6,15 +6,20 @@ import json
 import os
 from pathlib import Path
 
+import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from readback import expected_tokens, read_documents
 
 from conftest import write_parquet
+import tokenshards.verify.job as verify_job
 from tokenshards.errors import UserError
+from tokenshards.format import v1
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.job import run_tokenize
+from tokenshards.verify.checks import Expected
 from tokenshards.verify.job import VerifyConfig, run_verify
 
 TEXTS = [f"document {i}: the cat sat on the mat, Straße 東京 🙂 " * (1 + i % 7) for i in range(60)]
@@ -133,3 +138,37 @@ def test_verify_deep_reports_a_changed_input_as_such(tokenize, tmp_path, cluster
                         announce=lambda m: None)
     assert report.problems and all("input changed since the run" in p for p in report.problems), report.problems
     assert not any("differs from tiktoken" in p for p in report.problems)
+
+
+def test_verify_deep_reports_an_input_replaced_during_its_read(tokenize, tmp_path, monkeypatch, gpt2):
+    """A worker keeps each input's footer for the version the run recorded; an input replaced
+    between the check before the read and the read itself is reported as changed, never compared
+    through the old footer."""
+    src = tmp_path / "in" / "a.parquet"
+    write_parquet(src, {"text": TEXTS}, row_group_size=5)
+    _, out = tokenize([src], partition_bytes=3_000)
+    manifest = v1.read_manifest(fsspec.filesystem("file"), str(out))
+    entry = manifest.by_index()[0]
+    docs = pq.read_table(out / entry.docs_file)
+    values = np.load(out / entry.tokens_file)
+    recorded = {i["path"]: i["identity"] for i in manifest.inputs}
+
+    class Encoder:
+        def encoding(self):
+            return gpt2
+
+    expected = Expected(dtype=manifest.encoding.dtype, n_vocab=manifest.encoding.n_vocab, eot=manifest.encoding.eot,
+                        eot_position=manifest.eot_position, job=manifest.done_job(), text_column="text",
+                        encoder=Encoder(), input_identities=recorded)
+    sample = list(range(docs.num_rows))
+    assert verify_job._compare_sample(entry, sample, docs, values, expected=expected,
+                                      storage_options={}) == ([], len(sample))
+    real = verify_job._read_rows
+
+    def replaced_meanwhile(*args, **kwargs):
+        _same_layout_new_text(src)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(verify_job, "_read_rows", replaced_meanwhile)
+    problems, compared = verify_job._compare_sample(entry, sample, docs, values, expected=expected, storage_options={})
+    assert compared == 0 and len(problems) == 1 and "input changed since the run" in problems[0], problems
