@@ -324,3 +324,22 @@ def test_the_card_of_a_shuffled_mixture_names_runs_weights_and_seed():
     assert "`cl100k_base`, n_vocab 100,277, eot id 100257, stored as uint32 (little-endian)" in card
     assert "after each document" in card and "build-nanogpt `.npy` shards" in card
     assert "filename='' + fname" not in card and "hf_hub_download(repo_id='me/mix', filename=fname" in card
+
+
+def test_progress_none_keeps_huggingface_hubs_bars_quiet(run, cluster, tmp_path):
+    """``--progress none`` (and ``log``) is for logs and scripts: huggingface_hub's upload and
+    download bars must not print either, even where the user's environment leaves them on."""
+    import subprocess
+    import sys
+
+    with HubServer(tmp_path / "hub-repo", repo=REPO, tokens=TOKENS, exists=False) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+        env.update(HF_ENDPOINT=server.url, HF_TOKEN="tok-me", HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_XET="1",
+                   HF_HUB_DISABLE_TELEMETRY="1")
+        tokenshards = str(Path(sys.executable).with_name("tokenshards"))
+        done = subprocess.run([tokenshards, *_publish_argv(run, cluster, "--create-repo", "--progress", "none")], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "%|" not in done.stderr and "it/s]" not in done.stderr and "B/s]" not in done.stderr, done.stderr
+        local = _local_files(run)
+        assert {n: (server.root / "gpt2" / n).read_bytes() for n in local} == local

@@ -52,7 +52,7 @@ class Progress:
             raise UserError(f"progress={mode!r} not supported, expected one of {', '.join(MODES)}")
         self.stream = stream or sys.stderr
         if mode == "auto":
-            mode = "bar" if _isatty(self.stream) else "log"
+            mode = "bar" if draws_bars(mode, self.stream) else "log"
         self.mode = mode
         self.total = total
         self.unit, self.amount, self.label = unit, amount, label
@@ -155,6 +155,11 @@ def _terminal_width(stream: TextIO) -> int:
     except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
         columns = 0
     return columns or shutil.get_terminal_size((100, 24)).columns
+
+
+def draws_bars(mode: str, stream: TextIO | None = None) -> bool:
+    """Whether ``mode`` draws a live bar on ``stream`` (stderr): what other libraries' bars follow."""
+    return mode == "bar" or (mode == "auto" and _isatty(stream or sys.stderr))
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -24,6 +24,7 @@ transfer (PUT, then verify) when it is not or ``HF_HUB_DISABLE_XET=1``. huggingf
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import hashlib
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..cluster.progress import human
+from ..cluster.progress import draws_bars, human
 from ..errors import UserError
 from ..storage import hubrepo
 from ..storage.hubrepo import HubDestination
@@ -105,7 +106,8 @@ def run_publish(config: PublishConfig, *, announce: Callable[[str], None] = prin
     summary, record_name = _stage(config, staging, announce=announce)
     record_bytes = (Path(staging) / record_name).read_bytes()
     card = cards.dataset_card(json.loads(record_bytes), repo=dest.repo, folder=dest.folder, record_name=record_name).encode()
-    sent, commits, total = _upload(api, config, dest, staging, summary.files, record_name, card, announce=announce)
+    with _hub_bars_follow(config.export.progress):
+        sent, commits, total = _upload(api, config, dest, staging, summary.files, record_name, card, announce=announce)
     endpoint = api.endpoint.rstrip("/")
     first = dest.path(summary.files[0]) if summary.files else dest.path(record_name)
     notes = (*summary.notes,
@@ -115,6 +117,23 @@ def run_publish(config: PublishConfig, *, announce: Callable[[str], None] = prin
              f"staged in {staging} ({human(_folder_bytes(staging))}B): a rerun or --overwrite publishes it without exporting again; "
              "delete it when done")
     return dataclasses.replace(summary, to=dest.url, seconds=time.perf_counter() - t0, notes=notes)
+
+
+@contextlib.contextmanager
+def _hub_bars_follow(progress: str):
+    """huggingface_hub's upload bars show only where ours would (a terminal, ``--progress bar``):
+    under ``none`` or ``log`` they would fill a log. Its own switch, and the user's
+    HF_HUB_DISABLE_PROGRESS_BARS, are left as they were."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    if draws_bars(progress) or are_progress_bars_disabled():
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
 
 
 # -- staging --
