@@ -25,7 +25,7 @@ from tokenshards.errors import InputChanged, OutputConflict
 from tokenshards.export import ExportConfig, run_export
 from tokenshards.format.reader import TokenDataset
 from tokenshards.format.v1 import Encoding, Manifest
-from tokenshards.inspect.stats import inspect_output
+from tokenshards.inspect.stats import inspect_output, report_lines
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.grow import inputs_to_add
 from tokenshards.tokenize.job import run_tokenize
@@ -143,6 +143,11 @@ def test_readers_see_one_run(grown, scratch):
     stats, want = inspect_output(str(grown["out"])), inspect_output(str(scratch[-1]))
     assert (stats.docs, stats.tokens, stats.min, stats.max) == (want.docs, want.tokens, want.min, want.max)
     assert (stats.counts == want.counts).all()
+    # inspect says how the grown run was put together; a run never grown says nothing of it.
+    [grown_line] = [line for line in report_lines(stats) if line.startswith("inputs")]
+    assert grown_line.endswith("; added in 3 steps (tokenize --add): generation 0: 2 files, generation 1: 1 file, "
+                               "generation 2: 1 file"), grown_line
+    assert not any("generation" in line for line in report_lines(want))
 
 
 def test_export_before_growth_stays_and_after_it_is_exact(grown, scratch, corpus, cluster, tmp_path):

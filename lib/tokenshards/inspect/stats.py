@@ -211,7 +211,8 @@ def report_lines(stats: RunStats) -> list[str]:
         f"encoding    {enc.name}: n_vocab {enc.n_vocab:,}, eot {enc.eot}, stored as {enc.dtype}; "
         f"eot {m.eot_position}; text column {m.text_column!r}",
         f"inputs      {counted(len(m.inputs), 'file')}, {totals['rows']:,} rows"
-        + (f"; {counted(len(m.skipped_inputs), 'unreadable input')} skipped" if m.skipped_inputs else ""),
+        + (f"; {counted(len(m.skipped_inputs), 'unreadable input')} skipped" if m.skipped_inputs else "")
+        + _generations(m),
         f"partitions  {len(m.partitions)}",
         f"documents   {totals['docs']:,} (skipped {totals['skipped_null']:,} null and {totals['skipped_empty']:,} empty rows"
         + (f", {totals['skipped_invalid']:,} not UTF-8" if totals.get("skipped_invalid") else "") + ")",
@@ -227,6 +228,15 @@ def report_lines(stats: RunStats) -> list[str]:
                      + "  ".join(f"p{q} {stats.percentile(q):,.0f}" for q in PERCENTILES) + f"  max {stats.max:,}")
     lines.extend(_language_lines(stats))
     return lines
+
+
+def _generations(m: Manifest) -> str:
+    """For a run grown with ``tokenize --add``: how many input files each growth added."""
+    per = Counter(v1.input_generation(i) for i in m.inputs)
+    if len(per) < 2:
+        return ""
+    return (f"; added in {len(per)} steps (tokenize --add): "
+            + ", ".join(f"generation {g}: {counted(n, 'file')}" for g, n in sorted(per.items())))
 
 
 def _language_lines(stats: RunStats, *, top: int = 20) -> list[str]:
