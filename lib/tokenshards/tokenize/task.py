@@ -134,8 +134,9 @@ RELEASE_AFTER_BYTES = 32 * 2**20
 for the next read, which reuses it instead of faulting in fresh pages (``prestart.ARROW_MIMALLOC``).
 After a read of more text than this it is handed back at once: 440 -> 106 MB held after 100 MB of
 text, so one huge document or a large ``--partition-mb`` does not keep its scratch through the task.
-Below it, at most ~120 MB stays per worker (108 MB measured after 30 MB); handing it back after every read refaulted it each time
-(with ``ARROW_MIMALLOC``: ~7% of a worker's CPU on default-sized pieces, 1 GB bench, interleaved)."""
+Below it, at most ~120 MB stays per worker (108 MB measured after 30 MB); handing it back after
+every read refaulted it each time (with ``ARROW_MIMALLOC``: ~7% of a worker's CPU on default-sized
+pieces, 1 GB bench, interleaved)."""
 
 UNREADABLE = -1
 """The ``row`` of the one row ``read_piece`` returns for a piece it could not read (under skip)."""
