@@ -3,8 +3,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tokenshards.encoding.backends import (FAST_BACKENDS, SPOT_CHECK_CHARS, BackendMismatch, TiktokenBackend, build_backend,
-                                           choose, spot_check_sample, without_possessive_quantifiers)
+from tokenshards.encoding.backends import (FAST_BACKENDS, SPOT_CHECK_CHARS, SPOT_CHECK_SHARE, BackendMismatch, TiktokenBackend,
+                                           build_backend, choose, spot_check_sample, without_possessive_quantifiers)
 from tokenshards.errors import UserError
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.tokenize.plan import InputFile, plan_pieces
@@ -151,6 +151,18 @@ def test_the_spot_check_is_bounded_in_characters_and_fixed():
     assert spot_check_sample([10**6, 10**7, 5 * 10**5]).tolist() == [2]
     assert spot_check_sample([]).tolist() == []
     assert spot_check_sample([2 * 10**6, 3 * 10**6]).tolist() == []  # never a document over CHECK_MAX_CHARS
+
+
+def test_a_small_batch_checks_a_share_of_its_text_and_never_nothing():
+    """A partition of a few KB re-encodes a sixteenth of its text with tiktoken, not 16 K characters
+    (most of it); one whose documents are all longer than that still checks its shortest."""
+    picked = spot_check_sample([100] * 50)
+    assert 0 < sum(100 for _ in picked) <= 50 * 100 // SPOT_CHECK_SHARE
+    assert spot_check_sample([3_000, 2_000, 4_000]).tolist() == [1]
+    assert spot_check_sample([7]).tolist() == [0]
+    # From SPOT_CHECK_CHARS x SPOT_CHECK_SHARE of text on, the budget is SPOT_CHECK_CHARS.
+    big = [1_000] * (SPOT_CHECK_CHARS * SPOT_CHECK_SHARE // 1_000 + 1)
+    assert len(spot_check_sample(big)) == SPOT_CHECK_CHARS // 1_000
 
 
 def test_a_disagreement_in_any_sampled_document_is_caught(gpt2):
