@@ -165,6 +165,24 @@ def test_a_small_batch_checks_a_share_of_its_text_and_never_nothing():
     assert len(spot_check_sample(big)) == SPOT_CHECK_CHARS // 1_000
 
 
+def test_gigatoken_gives_the_same_ids_from_strs_and_from_arrow_buffers(gpt2, monkeypatch):
+    """Small columns go to gigatoken as Python strs, larger ones as awkward arrays over Arrow's
+    buffers: either way the ids are tiktoken's, awkward text and a long document included."""
+    from tokenshards.encoding import backends
+
+    loaded = load_encoding("gpt2")
+    fast = backends.GigatokenBackend(loaded.params)
+    texts = [t for t in AWKWARD if t]
+    want = [gpt2.encode_ordinary(t) for t in texts]
+    for below in (0, 10**9):
+        monkeypatch.setattr(backends, "STRS_BELOW_BYTES", below)
+        for column in (pa.array(texts), pa.array(texts[:-2] + texts[-1:], pa.large_string())):
+            expected = want if len(column) == len(texts) else want[:-2] + want[-1:]
+            flat, lengths = fast.encode_arrow(column)
+            assert lengths.tolist() == [len(w) for w in expected]
+            assert flat.tolist() == [i for w in expected for i in w]
+
+
 def test_a_disagreement_in_any_sampled_document_is_caught(gpt2):
     """The check compares the documents it samples, wherever they sit in the flat array."""
     loaded = load_encoding("gpt2")

@@ -178,8 +178,11 @@ class GigatokenBackend:
 
     def encode_arrow(self, column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """``encode_many`` of an Arrow string array without nulls, read in place: gigatoken takes an
-        awkward array over the same UTF-8 bytes, so no Python str is made per document."""
-        return self._encode(_awkward_strings(column)) if len(column) else self.encode_many([])
+        awkward array over the same UTF-8 bytes, so no Python str is made per document. A column
+        of at most ``STRS_BELOW_BYTES`` goes as Python strs instead (see there)."""
+        if column.nbytes <= STRS_BELOW_BYTES:
+            return self.encode_many(column.to_pylist())
+        return self._encode(_awkward_strings(column))
 
     def _encode(self, texts) -> tuple[np.ndarray, np.ndarray]:
         before = _rss()
@@ -195,6 +198,13 @@ class GigatokenBackend:
         if self._kept > self.cache_bound:
             self._build()
             self.rebuilds += 1
+
+
+STRS_BELOW_BYTES = 64 * 2**10
+"""gigatoken unpacks an awkward input with a few awkward operations in Python: ~0.4 ms a call
+whatever its size, against ~0.1 ms to make Python strs of 20 KB of text (measured here, CPU
+medians: 5 KB 0.52 vs 0.16 ms, 20 KB 0.62 vs 0.27, 100 KB 1.04 vs 0.82, 300 KB 2.0 vs 2.1, 4 MB
+14 vs 20). Below this size strs are cheaper, which is most of a tiny partition's fixed cost."""
 
 
 def _awkward_strings(column: pa.Array):
