@@ -193,3 +193,24 @@ def test_one_task_per_planned_partition(corpus, tmp_path):
         graph = dict(tasks.__dask_graph__())
     assert tasks.npartitions == len(pieces)
     assert len(graph) == len(pieces)
+
+
+def test_results_travel_as_their_dataclasses(corpus, tmp_path, gpt2):
+    """A task's result frame is sized and shipped by Dask as the TaskResults it holds (not by
+    sampling a pandas object column), and arrives as the same results in a frame of its type."""
+    from dask.sizeof import sizeof
+    from distributed.protocol import deserialize, serialize
+
+    from tokenshards.encoding.backends import TiktokenBackend
+    from tokenshards.encoding.encoders import load_encoding
+    from tokenshards.tokenize.task import RESULT_BYTES, ResultFrame, TaskResult, tokenize_partition
+
+    pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
+    results = [tokenize_partition(p, settings=settings, backend=TiktokenBackend(gpt2)) for p in pieces[:2]]
+    frame = TaskResult.as_frame(results)
+    assert isinstance(frame, ResultFrame) and frame["result"].tolist() == results
+    assert sizeof(frame) == 2 * RESULT_BYTES
+    header, frames = serialize(frame)
+    back = deserialize(header, frames)
+    assert header["serializer"] == "dask" and isinstance(back, ResultFrame)
+    assert TaskResult.all_from_frame(back) == results and back["result"].tolist() == results
