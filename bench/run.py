@@ -22,6 +22,7 @@ and cl100k_base in one command against one command each (issue 25; ``encodings_a
         --no-encodings-case --out bench/results-200mb.json   # its 200 MB row
     (the ceilings hold all texts in memory: at 1000 MB, --memory-scale 4 would need ~20 GB)
     python bench/run.py --export-only OUT [--repeats 3]   # only the export targets, on a finished run
+    python bench/run.py --partitions-only   # the fixed cost per partition and Dask's floor under it
 
 Export targets (issue 15): ``export --shuffle`` takes at most 2x an unshuffled export of the same
 run, and its peak memory (process tree) stays flat when the run is 4x larger.
@@ -454,10 +455,14 @@ def partitions_case(a, scratch: Path, backend: str) -> dict:
     counts = (many[0]["partitions"], few[0]["partitions"])
     per = (median(many, "seconds") - median(few, "seconds")) * a.workers / (counts[0] - counts[1])
     cpu = {k: (median(many, f"{k}_seconds") - median(few, f"{k}_seconds")) / (counts[0] - counts[1]) for k in ("cpu", "worker_cpu")}
+    from dask_floor import measure
+
     return {"backend": backend, "corpus_mb": PARTITIONS_MB, "row_group_rows": PARTITION_ROWS, "partitions": counts,
             "seconds": [median(many, "seconds"), median(few, "seconds")], "ms_per_partition": per * 1e3,
             "worker_cpu_ms_per_partition": cpu["worker_cpu"] * 1e3, "tree_cpu_ms_per_partition": cpu["cpu"] * 1e3,
             "target_ms": 5.0, "ok": per * 1e3 <= 5.0,
+            # What a task of the job's shape costs in Dask alone, measured right after on the same machine.
+            "dask_floor": measure(tasks=counts[0], repeats=a.repeats, workers=a.workers),
             "runs": {"many": many, "few": few}}
 
 
@@ -468,6 +473,10 @@ def print_partitions(p: dict, workers: int) -> None:
           f"{p['ms_per_partition']:.1f} ms of worker time per partition ({workers} workers; target <= 5: "
           f"{'ok' if p['ok'] else 'MISSED'}); measured as CPU: {p['worker_cpu_ms_per_partition']:.1f} ms in the workers "
           f"(and forkserver), {p['tree_cpu_ms_per_partition']:.1f} ms with the client and scheduler")
+    if p.get("dask_floor"):
+        from dask_floor import describe
+
+        print(describe(p["dask_floor"]))
 
 
 def encodings_case(corpus: Path, a, scratch: Path) -> dict:
@@ -509,6 +518,8 @@ def main() -> None:
     ap.add_argument("--memory-scale", type=float, default=4, help="second corpus size for the memory check (x --mb; 0: none)")
     ap.add_argument("--partitions-case", action=argparse.BooleanOptionalAction, default=True,
                     help=f"measure the fixed cost per partition on {PARTITIONS_MB} MB in thousands of partitions (default on)")
+    ap.add_argument("--partitions-only", action="store_true",
+                    help="only the many-partition case and Dask's floor (written to bench/results-partitions.json)")
     ap.add_argument("--encodings-case", action=argparse.BooleanOptionalAction, default=True,
                     help="time two encodings in one command against one command each, on the first corpus (default on)")
     ap.add_argument("--megatron-src", type=Path, default=os.environ.get("MEGATRON_SRC") or None,
@@ -535,6 +546,14 @@ def main() -> None:
                        "export": export_targets(a.export_only, big, a.workers, a.repeats, Path(tmp))}
         a.out.write_text(json.dumps(results, indent=1) + "\n")
         print_export(results["export"])
+        print(f"written to {a.out}")
+        return
+    if a.partitions_only:
+        a.out = a.out or HERE / "results-partitions.json"
+        with tempfile.TemporaryDirectory(prefix="tokenshards-bench-") as tmp:
+            results = {"workers": a.workers, "repeats": a.repeats, "partitions": partitions_case(a, Path(tmp), "gigatoken")}
+        a.out.write_text(json.dumps(results, indent=1) + "\n")
+        print_partitions(results["partitions"], a.workers)
         print(f"written to {a.out}")
         return
     a.out = a.out or HERE / "results.json"
