@@ -17,8 +17,6 @@ from ..storage.hubspec import HubDataset
 from ..storage.sources import Source
 from ..tokenize.plan import BadInput, InputFile
 from .base import Announce, FooterRequest, Inputs, Several
-from .hub_client import ClientFetched, download_target
-from .hub_workers import WorkersFetched
 from .plain import PlainInputs
 
 LOCAL_CLUSTER = "a local cluster: its workers share this machine's disk"
@@ -38,7 +36,11 @@ def open_inputs(sources: list[Source], *, hub: HubDataset | None, local_cluster:
 def open_hub(ds: HubDataset, *, local_cluster: bool, overlap: bool, announce: Announce) -> Inputs:
     """List the sample (a typo in --dataset/--size fails here, before any cluster), and pick who
     fetches it; on a local cluster this process starts downloading at once."""
-    from ..storage.hub.listing import list_files  # huggingface_hub: imported only by runs that read the Hub
+    # huggingface_hub and the Hub inputs: imported only by runs that read the Hub (~0.1 s of a
+    # run's start otherwise, on a core the workers' start needs).
+    from ..storage.hub.listing import list_files
+    from .hub_client import ClientFetched
+    from .hub_workers import WorkersFetched
 
     listing = list_files(ds)
     if ds.fetch == "workers":
@@ -60,6 +62,9 @@ class AutoHub(Inputs):
         self.chosen: Inputs | None = None
 
     def set_up(self, client: Client, *, announce: Announce) -> None:
+        from .hub_client import ClientFetched, download_target
+        from .hub_workers import WorkersFetched
+
         if not client.scheduler_info(n_workers=-1)["workers"]:  # blind_machines waits for the first one
             announce("hub: waiting for a worker to join, to know whether the workers see this machine's disk")
         use = download_target(self.ds)
