@@ -214,3 +214,5 @@ def test_results_travel_as_their_dataclasses(corpus, tmp_path, gpt2):
     back = deserialize(header, frames)
     assert header["serializer"] == "dask" and isinstance(back, ResultFrame)
     assert TaskResult.all_from_frame(back) == results and back["result"].tolist() == results
+    # A frame made from it by pandas is read from its column, never from the results it was made of.
+    assert TaskResult.all_from_frame(frame.iloc[1:]) == results[1:]

@@ -45,12 +45,12 @@ RESULT_META = pd.DataFrame({"result": pd.Series([], dtype=object)})
 
 class ResultFrame(pd.DataFrame):
     """What ``write_frame`` returns: a frame of ``TaskResult`` rows, of its own type only so that
-    Dask sizes and ships it as the few dataclasses it holds (``results``, also its one column).
+    Dask sizes and ships it as the few dataclasses it holds (``_results``, also its one column).
     As a plain frame with an object column, Dask's pandas sizeof (sampling the column, three times
     per result) and pandas serializer cost ~1 ms of a worker's CPU per partition, a fifth of a
-    tiny partition's fixed cost (issue 24); so does pandas' own column lookup, ~0.1 ms."""
-
-    _metadata = ["results"]
+    tiny partition's fixed cost (issue 24); so does pandas' own column lookup, ~0.1 ms.
+    ``_results`` is a plain attribute, not pandas metadata: a frame derived from this one (a
+    slice, a concat) does not inherit it and is read from its column."""
 
     @property
     def _constructor(self):
@@ -113,13 +113,13 @@ class TaskResult:
     def as_frame(results: Sequence["TaskResult"]) -> "ResultFrame":
         """The frame ``map_partitions`` must return: a row per result."""
         frame = ResultFrame({"result": _objects(results)}, copy=False)
-        frame.results = list(results)
+        object.__setattr__(frame, "_results", list(results))
         return frame
 
     @staticmethod
     def all_from_frame(frame: pd.DataFrame) -> list["TaskResult"]:
         """One per output the task wrote (``write_frame``)."""
-        results = getattr(frame, "results", None)
+        results = frame.__dict__.get("_results")
         return list(results) if results is not None else frame["result"].tolist()
 
 
