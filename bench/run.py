@@ -12,7 +12,8 @@ the baseline is ../shared/bench/peer_mp_pool.py. The corpus is ../shared/bench/m
 held out (``--seed 24``: no test builds that one), else the demo corpus scaled up; ``--lang all,en``
 measures the whole mix and English alone in one invocation. The first corpus again at
 ``--memory-scale`` x checks that peak memory stays flat, the many-partition case measures our
-fixed cost per partition (issue 24: at most 5 ms of worker CPU), and the encodings case times gpt2
+fixed cost per partition (issue 24: at most 5 ms of worker CPU) beside Dask's own floor for a task
+of the job's shape (``dask_floor.py``), and the encodings case times gpt2
 and cl100k_base in one command against one command each (issue 25; ``encodings_at_once.py``).
 
     python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--lang all,en] [--megatron-src DIR]
