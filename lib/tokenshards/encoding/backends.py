@@ -39,6 +39,7 @@ that disagrees fails the job instead of writing wrong ids. Bounded in text, not 
 documents, because tiktoken runs at a tenth of gigatoken's speed: checking 1% of an 8 MB partition
 cost ~10% of its time; 16 K characters cost ~1-5% (5% of a gigatoken task, sampled with py-spy)
 and still reach a few documents of every partition."""
+
 SPOT_CHECK_SHARE = 16
 """A batch of less than ``SPOT_CHECK_CHARS`` x this much text checks this share of it instead (at
 least its shortest document): tiny partitions re-encoded ~80% of their text with tiktoken, ~1 ms of
@@ -202,9 +203,9 @@ class GigatokenBackend:
 
 STRS_BELOW_BYTES = 64 * 2**10
 """gigatoken unpacks an awkward input with a few awkward operations in Python: ~0.4 ms a call
-whatever its size, against ~0.1 ms to make Python strs of 20 KB of text (measured here, CPU
-medians: 5 KB 0.52 vs 0.16 ms, 20 KB 0.62 vs 0.27, 100 KB 1.04 vs 0.82, 300 KB 2.0 vs 2.1, 4 MB
-14 vs 20). Below this size strs are cheaper, which is most of a tiny partition's fixed cost."""
+whatever its size, where making Python strs of 20 KB of text takes ~0.01 ms. Whole calls, CPU
+medians measured here, awkward vs strs: 5 KB 0.52 vs 0.16 ms, 20 KB 0.62 vs 0.27, 100 KB 1.04 vs
+0.82, 300 KB 2.0 vs 2.1, 4 MB 14 vs 20 (strs cost more per byte). Below this size strs win."""
 
 
 def _awkward_strings(column: pa.Array):
