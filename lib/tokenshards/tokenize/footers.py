@@ -50,6 +50,13 @@ class FooterCache:
             while len(self._kept) > self._max_files or self._held() > self._max_bytes:
                 self._kept.popitem(last=False)
 
+    def open(self, source, url: str, identity: tuple, **kwargs) -> pq.ParquetFile:
+        """``pq.ParquetFile(source, **kwargs)`` through the footer kept for (url, identity), which
+        it keeps in turn: the one way a worker opens an input it may open again."""
+        parquet = pq.ParquetFile(source, metadata=self.get(url, identity), **kwargs)
+        self.keep(url, identity, parquet.metadata)
+        return parquet
+
     def _held(self) -> int:
         return sum(m.serialized_size for m in self._kept.values())
 

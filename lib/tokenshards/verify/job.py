@@ -202,8 +202,7 @@ def _read_rows(url: str, rows: list[int], *, row_groups: tuple[int, int], text_c
     for all the partitions of that file (``tokenize.footers``)."""
     fs, path = filesystem(url, storage_options)
     with fs.open(path, "rb") as f:
-        pf = pq.ParquetFile(f, metadata=WORKER_FOOTERS.get(url, identity))
-        WORKER_FOOTERS.keep(url, identity, pf.metadata)
+        pf = WORKER_FOOTERS.open(f, url, identity)
         bounds = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
         group_of = {row: bisect_right(bounds, row) - 1 for row in rows}
         wanted = sorted({g for g in group_of.values() if row_groups[0] <= g < row_groups[1]})
