@@ -165,13 +165,16 @@ def test_a_small_batch_checks_a_share_of_its_text_and_never_nothing():
     assert len(spot_check_sample(big)) == SPOT_CHECK_CHARS // 1_000
 
 
-def test_gigatoken_gives_the_same_ids_from_strs_and_from_arrow_buffers(gpt2, monkeypatch):
+@pytest.mark.parametrize("padded_max_cells", [0, 10**9], ids=["awkward output", "padded output"])
+def test_gigatoken_gives_the_same_ids_from_strs_and_from_arrow_buffers(gpt2, monkeypatch, padded_max_cells):
     """Small columns go to gigatoken as Python strs, larger ones as awkward arrays over Arrow's
-    buffers: either way the ids are tiktoken's, awkward text and a long document included."""
+    buffers; small batches come back as a padded matrix, the others as an awkward array: every
+    way, the ids are tiktoken's, awkward text and a long document included."""
     from tokenshards.encoding import backends
 
     loaded = load_encoding("gpt2")
     fast = backends.GigatokenBackend(loaded.params)
+    monkeypatch.setattr(backends, "PADDED_MAX_CELLS", padded_max_cells)
     texts = [t for t in AWKWARD if t]
     want = [gpt2.encode_ordinary(t) for t in texts]
     for below in (0, 10**9):
@@ -181,6 +184,10 @@ def test_gigatoken_gives_the_same_ids_from_strs_and_from_arrow_buffers(gpt2, mon
             flat, lengths = fast.encode_arrow(column)
             assert lengths.tolist() == [len(w) for w in expected]
             assert flat.tolist() == [i for w in expected for i in w]
+    for batch in (texts, texts[:1], texts[-1:]):
+        flat, lengths = fast.encode_many(batch)
+        assert lengths.tolist() == [len(gpt2.encode_ordinary(t)) for t in batch]
+        assert flat.tolist() == [i for t in batch for i in gpt2.encode_ordinary(t)]
 
 
 def test_a_disagreement_in_any_sampled_document_is_caught(gpt2):
