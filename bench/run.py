@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make bench`: our whole command vs. the machine's ceiling, the best peer and the mp.Pool baseline.
 
-All run on the same corpus in one go, interleaved (A B C A B C ...), and we report medians
+All run on the same corpus in one go, interleaved (A B C, B C A, C A B ...), and we report medians
 and ratios, never a lone absolute time: this machine is noisy. The ceiling is bare gigatoken
 (``../shared/bench/raw_limit.py --backend gigatoken``: one single-threaded batch call per process,
 one process per core, texts read before the clock starts), the fastest exact tokenizer and our
@@ -299,6 +299,30 @@ def ratio(ours: list[dict], key: str, theirs: list[dict], their_key: str = "toke
     return statistics.median(o[key] / t[their_key] for o, t in zip(ours, theirs))
 
 
+def rotated(steps: list, r: int) -> list:
+    """The repeat's order: each repeat starts one step later. A run here is slower when it follows
+    another big one (measured: the second of two back-to-back runs of the same command took ~5%
+    more worker CPU, whichever went second), so a fixed order would favour whatever runs first."""
+    k = r % len(steps) if steps else 0
+    return steps[k:] + steps[:k]
+
+
+def _run_baseline(runs: dict, glob_arg: str, scratch: Path, workers: int) -> None:
+    runs["baseline"].append(run_script("peer_mp_pool.py", [glob_arg, str(scratch / "peer"), "--procs", str(workers)]))
+    shutil.rmtree(scratch / "peer", ignore_errors=True)
+
+
+def _run_peer_once(runs: dict, peer, peer_info: dict, jsonl: Path, scratch: Path, glob_arg: str) -> None:
+    """One run of the peer; after its first, its ids against tiktoken."""
+    from peer_megatron import check_exact
+
+    runs["peer_megatron"].append(run_peer(peer, jsonl, scratch))
+    if len(runs["peer_megatron"]) == 1:
+        check = check_exact(Path(runs["peer_megatron"][0]["prefix"]), glob_arg)
+        peer_info.update(exactness=check)
+    shutil.rmtree(Path(runs["peer_megatron"][-1]["prefix"]).parent, ignore_errors=True)
+
+
 def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> dict:
     """Every backend of ours, the ceilings, the mp.Pool baseline and the peer, interleaved per repeat;
     medians and ratios. With ``keep_last`` the default backend's last output stays (for the export targets)."""
@@ -318,28 +342,27 @@ def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> 
         runs["baseline"] = []
     peer_info: dict = {"skipped": peer} if isinstance(peer, str) else {"note": peer.note}
     if not isinstance(peer, str):
-        from peer_megatron import check_exact, to_jsonl
+        from peer_megatron import to_jsonl
 
         jsonl, seconds = to_jsonl(glob_arg, a.scratch)  # kept with the peer's venv: 1 GB of text takes a while
         peer_info.update(jsonl=str(jsonl), jsonl_bytes=jsonl.stat().st_size, jsonl_seconds=seconds)
         runs["peer_megatron"] = []
     for r in range(a.repeats):
-        for b in backends:
-            keep = keep_last and b == default and r == a.repeats - 1
-            runs[f"ours_{b}"].append(run_ours(corpus, a.workers, b, scratch, keep=keep))
-        for b in bare:
-            runs[f"ceiling_{b}"].append(run_script("raw_limit.py", [glob_arg, "--procs", str(a.workers), "--backend", b]))
+        steps = [lambda b=b: runs[f"ours_{b}"].append(
+                     run_ours(corpus, a.workers, b, scratch, keep=keep_last and b == default and r == a.repeats - 1))
+                 for b in backends]
+        steps += [lambda b=b: runs[f"ceiling_{b}"].append(
+                      run_script("raw_limit.py", [glob_arg, "--procs", str(a.workers), "--backend", b])) for b in bare]
         if "baseline" in runs:
-            runs["baseline"].append(run_script("peer_mp_pool.py", [glob_arg, str(scratch / "peer"), "--procs", str(a.workers)]))
-            shutil.rmtree(scratch / "peer", ignore_errors=True)
+            steps.append(lambda: _run_baseline(runs, glob_arg, scratch, a.workers))
         if "peer_megatron" in runs:
-            runs["peer_megatron"].append(run_peer(peer, jsonl, scratch))
-            if r == 0:  # its ids against tiktoken and its count against ours, once
-                check = check_exact(Path(runs["peer_megatron"][0]["prefix"]), glob_arg)
-                peer_info.update(exactness=check, our_tokens=runs[f"ours_{default}"][0]["tokens"])
-            shutil.rmtree(Path(runs["peer_megatron"][-1]["prefix"]).parent, ignore_errors=True)
+            steps.append(lambda: _run_peer_once(runs, peer, peer_info, jsonl, scratch, glob_arg))
+        for step in rotated(steps, r):
+            step()
         print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f} M tok/s"
                                                      for k, v in runs.items()), file=sys.stderr)
+    if "peer_megatron" in runs:  # its count against ours
+        peer_info.update(our_tokens=runs[f"ours_{default}"][0]["tokens"])
     rates = {b: median(runs[f"ceiling_{b}"], "tokens_per_s") for b in bare}
     ratios = {}
     for b in backends:
@@ -449,8 +472,11 @@ def partitions_case(a, scratch: Path, backend: str) -> dict:
                              seed=HELD_OUT_SEED + 1, extra=("--shards", "2", "--row-group-rows", str(PARTITION_ROWS)))
     many, few = [], []
     for r in range(a.repeats):
-        many.append(run_ours(corpus, a.workers, backend, scratch, extra=("--partition-mb", "0.000001")))
-        few.append(run_ours(corpus, a.workers, backend, scratch, extra=("--partition-mb", f"{PARTITIONS_MB / 10:g}")))
+        for step in rotated([
+                lambda: many.append(run_ours(corpus, a.workers, backend, scratch, extra=("--partition-mb", "0.000001"))),
+                lambda: few.append(run_ours(corpus, a.workers, backend, scratch,
+                                            extra=("--partition-mb", f"{PARTITIONS_MB / 10:g}")))], r):
+            step()
         print(f"partitions repeat {r + 1}/{a.repeats}: {many[-1]['partitions']} partitions {many[-1]['seconds']:.1f} s, "
               f"{few[-1]['partitions']} partitions {few[-1]['seconds']:.1f} s", file=sys.stderr)
     counts = (many[0]["partitions"], few[0]["partitions"])
