@@ -307,12 +307,12 @@ def rotated(steps: list, r: int) -> list:
     return steps[k:] + steps[:k]
 
 
-def _run_baseline(runs: dict, glob_arg: str, scratch: Path, workers: int) -> None:
+def _baseline_step(runs: dict, glob_arg: str, scratch: Path, workers: int) -> None:
     runs["baseline"].append(run_script("peer_mp_pool.py", [glob_arg, str(scratch / "peer"), "--procs", str(workers)]))
     shutil.rmtree(scratch / "peer", ignore_errors=True)
 
 
-def _run_peer_once(runs: dict, peer, peer_info: dict, jsonl: Path, scratch: Path, glob_arg: str) -> None:
+def _peer_step(runs: dict, peer, peer_info: dict, jsonl: Path, scratch: Path, glob_arg: str) -> None:
     """One run of the peer; after its first, its ids against tiktoken."""
     from peer_megatron import check_exact
 
@@ -354,9 +354,9 @@ def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> 
         steps += [lambda b=b: runs[f"ceiling_{b}"].append(
                       run_script("raw_limit.py", [glob_arg, "--procs", str(a.workers), "--backend", b])) for b in bare]
         if "baseline" in runs:
-            steps.append(lambda: _run_baseline(runs, glob_arg, scratch, a.workers))
+            steps.append(lambda: _baseline_step(runs, glob_arg, scratch, a.workers))
         if "peer_megatron" in runs:
-            steps.append(lambda: _run_peer_once(runs, peer, peer_info, jsonl, scratch, glob_arg))
+            steps.append(lambda: _peer_step(runs, peer, peer_info, jsonl, scratch, glob_arg))
         for step in rotated(steps, r):
             step()
         print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f} M tok/s"

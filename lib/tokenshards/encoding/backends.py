@@ -176,10 +176,8 @@ class GigatokenBackend:
 
     def encode_many(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         texts = list(texts)
-        # A token holds at least one UTF-8 byte, a character at most four.
-        if texts and len(texts) * 4 * max(map(len, texts)) <= PADDED_MAX_CELLS:
-            return self._encode_padded(texts)
-        return self._encode(texts)
+        # A character is at most four UTF-8 bytes.
+        return self._encode_strs(texts, longest_bytes=4 * max(map(len, texts), default=0))
 
     def encode_arrow(self, column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """``encode_many`` of an Arrow string array without nulls, read in place: gigatoken takes an
@@ -187,9 +185,13 @@ class GigatokenBackend:
         of at most ``STRS_BELOW_BYTES`` goes as Python strs instead (see there)."""
         if column.nbytes > STRS_BELOW_BYTES:
             return self._encode(_awkward_strings(column))
-        texts = column.to_pylist()
-        longest = pc.max(pc.binary_length(column)).as_py() if len(column) else 0
-        if texts and len(texts) * longest <= PADDED_MAX_CELLS:  # a token holds at least one byte
+        longest = pc.max(pc.binary_length(column)).as_py() or 0
+        return self._encode_strs(column.to_pylist(), longest_bytes=longest)
+
+    def _encode_strs(self, texts: list[str], *, longest_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+        """A token holds at least one byte, so rows x the longest document's bytes bounds the
+        padded matrix (``PADDED_MAX_CELLS``)."""
+        if texts and len(texts) * longest_bytes <= PADDED_MAX_CELLS:
             return self._encode_padded(texts)
         return self._encode(texts)
 
