@@ -193,6 +193,11 @@ def test_one_task_per_planned_partition(corpus, tmp_path):
         graph = dict(tasks.__dask_graph__())
     assert tasks.npartitions == len(pieces)
     assert len(graph) == len(pieces)
+    # What the job submits (and Dask does not optimize again): to_delayed's graph, fused as well.
+    with dask.config.set(DASK_SETTINGS):
+        submitted = partition_tasks(pieces, settings).to_delayed()
+    assert len(submitted) == len(pieces)
+    assert {len(dict(d.__dask_graph__())) for d in submitted} == {len(pieces)}
 
 
 def test_results_travel_as_their_dataclasses(corpus, tmp_path, gpt2):

@@ -307,7 +307,9 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
                                        memory_limit=s.get("memory_limit", "auto"),
                                        dashboard_address=s.get("dashboard_address", dashboard_address),
                                        silence_logs=logging.CRITICAL)
-            with cluster, Client(cluster) as client:
+            # Its workers are on this machine: results come straight from them, not relayed by
+            # the scheduler (which, in this process, would serialize each result once more).
+            with cluster, Client(cluster, direct_to_workers=True) as client:
                 announce(f"dashboard: {client.dashboard_link}  (local cluster{source}: {counted(n, 'process worker')})")
                 yield client
 

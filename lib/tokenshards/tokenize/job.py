@@ -401,8 +401,10 @@ def _tokenize_pending(client: Client, pending: list[Piece], settings: tuple[Task
 
     def submit(batch: list[Piece], lane: runner.Lane | None) -> list:
         with dask.config.set(DASK_SETTINGS):
+            # to_delayed optimizes (fuses) the graph already; optimizing it again in compute only
+            # culls it, a Python pass over every key: ~0.6 ms of client CPU per partition.
             return client.compute(partition_tasks(batch, settings, wanted).to_delayed(), retries=config.retries,
-                                  **(lane.restrictions() if lane is not None else {}))
+                                  optimize_graph=False, **(lane.restrictions() if lane is not None else {}))
 
     progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
     explain = runner.failure(_describe_piece)
