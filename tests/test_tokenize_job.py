@@ -200,6 +200,64 @@ def test_one_task_per_planned_partition(corpus, tmp_path):
     assert {len(dict(d.__dask_graph__())) for d in submitted} == {len(pieces)}
 
 
+def test_a_task_reads_the_same_columns_kept_or_looked_up(corpus, tmp_path, gpt2):
+    """The frames a task gets keep their columns beside pandas' (``KEPT_COLUMNS``); a frame
+    without them (a copy, a pickled one) is read through pandas, to the same values and files."""
+    import pyarrow as pa
+
+    from tokenshards.encoding.backends import TiktokenBackend
+    from tokenshards.encoding.encoders import load_encoding
+    from tokenshards.tokenize.task import KEPT_COLUMNS, piece_columns, piece_frame, read_piece, write_outputs
+
+    pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
+    frame = read_piece(pieces[1], text_column="text", storage_options={})
+    copied = frame.copy()
+    assert KEPT_COLUMNS in frame.__dict__ and KEPT_COLUMNS not in copied.__dict__
+    kept, looked_up = piece_columns(frame), piece_columns(copied)
+    assert kept[0].tolist() == looked_up[0].tolist()
+    assert [pa.chunked_array([c]) if isinstance(c, pa.Array) else c for c in kept[1:]] == \
+        [pa.chunked_array([c]) if isinstance(c, pa.Array) else c for c in looked_up[1:]]
+    backend = TiktokenBackend(gpt2)
+    [a] = write_outputs(frame, pieces[1], settings=[settings], backends=[backend])
+    [b] = write_outputs(copied, pieces[1], settings=[settings], backends=[backend])
+    pieces_frame = piece_frame(pieces[1], (0,))
+    assert pieces_frame.__dict__[KEPT_COLUMNS] == (pieces_frame["piece"][0], pieces_frame["outputs"][0]) == (pieces[1], (0,))
+    assert a.entry == b.entry and a.entry.tokens > 0
+
+
+def test_frames_from_arrays_are_what_the_public_constructor_makes():
+    """``frame_of`` builds the task's frames through pandas' private ``_from_arrays``; they must be
+    what the public constructor makes of the same columns, or the job's frames would drift from
+    their meta with a pandas upgrade."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+    from types import SimpleNamespace
+
+    from tokenshards.tokenize.task import FRAME_META, PIECE_META, RESULT_META, ResultFrame, frame_of
+
+    def objects(*values):
+        column = np.empty(len(values), dtype=object)
+        for i, value in enumerate(values):
+            column[i] = value
+        return column
+
+    piece, result = SimpleNamespace(index=1), SimpleNamespace(tokens=2)  # objects, as pieces and results are
+    cases = [
+        (FRAME_META, [np.arange(3, 6, dtype=np.int64), pd.arrays.ArrowExtensionArray(pa.array(["a", None, "c"])),
+                      pd.arrays.ArrowExtensionArray(pa.chunked_array([pa.array(["x"]), pa.array(["", None])]))], pd.DataFrame),
+        (PIECE_META, [objects(piece), objects((0, 2))], pd.DataFrame),
+        (RESULT_META, [objects(result, result)], ResultFrame),
+    ]
+    for meta, columns, cls in cases:
+        made = frame_of(meta, columns, cls=cls)
+        public = cls(dict(zip(meta.columns, columns)), copy=False)
+        assert type(made) is cls
+        pd.testing.assert_frame_equal(made, public)
+        assert made.dtypes.tolist() == meta.dtypes.tolist()
+        assert made.columns.equals(meta.columns)
+
+
 def test_results_travel_as_their_dataclasses(corpus, tmp_path, gpt2):
     """A task's result frame is sized and shipped by Dask as the TaskResults it holds (not by
     sampling a pandas object column), and arrives as the same results in a frame of its type."""

@@ -111,7 +111,7 @@ class TaskResult:
     @staticmethod
     def as_frame(results: Sequence["TaskResult"]) -> "ResultFrame":
         """The frame ``map_partitions`` must return: a row per result."""
-        frame = ResultFrame(_objects(results).reshape(-1, 1), columns=RESULT_META.columns, copy=False)
+        frame = frame_of(RESULT_META, [_objects(results)], cls=ResultFrame)
         object.__setattr__(frame, "_results", list(results))
         return frame
 
@@ -132,14 +132,27 @@ def piece_frame(piece: Piece, outputs: tuple[int, ...] | None = None) -> pd.Data
     """``dd.from_map``'s second collection: each partition's own piece, aligned with its rows, so
     the piece reaches ``write_frame`` as an argument; with the outputs (places in the job's
     settings) that still lack it, None for all."""
-    return pd.DataFrame(_objects([piece, outputs]).reshape(1, 2), columns=PIECE_META.columns, copy=False)
+    frame = frame_of(PIECE_META, [_objects([piece]), _objects([outputs])])
+    return _keep_columns(frame, (piece, outputs))
+
+
+def frame_of(meta: pd.DataFrame, columns: list, *, cls: type[pd.DataFrame] = pd.DataFrame) -> pd.DataFrame:
+    """A frame of ``meta``'s columns holding these arrays (numpy or pandas extension arrays, of one
+    length), as they are. A partition makes three frames, one of them again in the client, and the
+    public constructor builds its column names' Index from a dict's keys each time (pandas 3 infers
+    a string dtype for it): ~40 us of ~60 measured warm, and py-spy put that Index at ~0.2 ms of a
+    worker's CPU per partition. So pandas' own constructor from arrays and a ready Index is used:
+    ``DataFrame._from_arrays``, private but in pandas since 0.23;
+    ``test_frames_from_arrays_are_what_the_public_constructor_makes`` holds it to the public
+    one's result, and where it is gone the public one is used."""
+    build = getattr(cls, "_from_arrays", None)
+    if build is not None:
+        return build(columns, columns=meta.columns, index=pd.RangeIndex(len(columns[0])), verify_integrity=False)
+    return cls(dict(zip(meta.columns, columns)), copy=False)
 
 
 def _objects(values: Sequence) -> np.ndarray:
-    """An object column holding ``values`` as they are (a tuple stays one value). Frames here are
-    built from these arrays and the meta's own column Index, not from a dict of Series: ~15 against
-    ~170 us a frame (building the column names' Index took ~35 of the ~50 a dict of arrays took),
-    and a partition makes three, one of them again in the client."""
+    """An object column holding ``values`` as they are (a tuple stays one value)."""
     column = np.empty(len(values), dtype=object)
     for i, value in enumerate(values):
         column[i] = value
@@ -151,8 +164,11 @@ def write_frame(frame: pd.DataFrame, pieces: pd.DataFrame, *,
     """``map_partitions``' function: the piece's rows and the piece in, one result row per output
     written out. ``settings``: one output's, or one per output of a run of several encodings,
     each written from the same rows (read and decoded once) with its worker's own encoder."""
-    [piece] = pieces["piece"].tolist()
-    [wanted] = pieces["outputs"].tolist()
+    kept = pieces.__dict__.get(KEPT_COLUMNS)
+    if kept is not None:
+        piece, wanted = kept
+    else:
+        [piece], [wanted] = pieces["piece"].tolist(), pieces["outputs"].tolist()
     each = [settings] if isinstance(settings, TaskSettings) else list(settings)
     chosen = list(range(len(each)) if wanted is None else wanted)
     written = write_outputs(frame, piece, settings=[each[i] for i in chosen],
@@ -230,11 +246,30 @@ def _read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.
     if len(text) != piece.rows:
         raise InputError(f"{piece.input}: row groups {piece.row_groups} hold {len(text)} rows, metadata said {piece.rows}; the file changed during the run")
     ids = table.column(piece.id_column).cast(pa.string()) if piece.id_column else pa.nulls(len(text), pa.string())
-    return pd.DataFrame({
-        "row": np.arange(piece.first_row, piece.first_row + piece.rows, dtype=np.int64),
-        "id": pd.arrays.ArrowExtensionArray(ids),
-        "text": pd.arrays.ArrowExtensionArray(text),
-    }, copy=False)
+    rows = np.arange(piece.first_row, piece.first_row + piece.rows, dtype=np.int64)
+    frame = frame_of(FRAME_META, [rows, pd.arrays.ArrowExtensionArray(ids), pd.arrays.ArrowExtensionArray(text)])
+    return _keep_columns(frame, (rows, ids, text))
+
+
+KEPT_COLUMNS = "_tokenshards_columns"
+"""The frames the two ``from_map`` make for a task also keep their columns as what they were made
+of (``read_piece``: rows, ids, texts as arrays; ``piece_frame``: the piece and its outputs), a plain
+attribute that ``write_frame`` reads instead of pandas' column lookups: five of them cost ~90 us a
+partition measured warm, more in a worker whose caches the tokenizer just cleared (issue 24). Not
+pandas metadata: a frame derived from one (a slice, a copy) or pickled has its columns read."""
+
+
+def _keep_columns(frame: pd.DataFrame, values: tuple) -> pd.DataFrame:
+    object.__setattr__(frame, KEPT_COLUMNS, values)
+    return frame
+
+
+def piece_columns(frame: pd.DataFrame) -> tuple[np.ndarray, pa.Array | pa.ChunkedArray, pa.Array | pa.ChunkedArray]:
+    """(rows, ids, texts) of a frame of ``FRAME_META``'s columns."""
+    kept = frame.__dict__.get(KEPT_COLUMNS)
+    if kept is not None:
+        return kept
+    return frame["row"].to_numpy(), pa.array(frame["id"]), pa.array(frame["text"])
 
 
 def _null_invalid_utf8(text: pa.Array) -> tuple[pa.Array, list[int]]:
@@ -269,12 +304,11 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
     """``write_partition`` for each output (settings, backend) from the same rows: the UTF-8 check
     and the documents' ids, which no encoding changes, are made once for all of them."""
     started = time.time()
-    all_rows = frame["row"].to_numpy()
-    ids = pa.array(frame["id"])
+    all_rows, ids, text = piece_columns(frame)
     if len(all_rows) == 1 and all_rows[0] == UNREADABLE:
         return [TaskResult(piece=piece, entry=None, unreadable=ids[0].as_py(), started=started, finished=time.time())
                 for _ in settings]
-    text, invalid = _null_invalid_utf8(pa.array(frame["text"]))
+    text, invalid = _null_invalid_utf8(text)
     if invalid and settings[0].on_bad_file != "skip":
         more = f" (and {len(invalid) - 1} more rows of this partition)" if len(invalid) > 1 else ""
         raise InputError(f"{piece.input}: partition {piece.index}, row {int(all_rows[invalid[0]])}: column "
