@@ -2,8 +2,9 @@
 """Dask's own cost per task, the floor under our fixed cost per partition (issue 24).
 
 The job's graph shape (``dd.from_map`` read, ``dd.from_map`` pieces, ``map_partitions`` write,
-``to_delayed``, computed under ``job.DASK_SETTINGS``, one ``ResultFrame`` row back) is run with
-functions that do nothing else, on a LocalCluster of process workers, and so is ``client.map``
+``to_delayed``, computed under ``job.DASK_SETTINGS`` without a second optimization, one
+``ResultFrame`` row back, gathered straight from the workers as a local run's client does) is run
+with functions that do nothing else, on a LocalCluster of process workers, and so is ``client.map``
 of a function that does nothing: the CPU the workers and this process (client and scheduler)
 spend per task is what any task of that shape costs, before reading or tokenizing a byte.
 
@@ -51,7 +52,7 @@ def _frames(client, n: int) -> list:
                              enforce_metadata=False)
         written = rows.map_partitions(write_nothing, pieces, settings={"out": "nowhere"}, meta=RESULT_META,
                                       enforce_metadata=False)
-        return client.compute(written.to_delayed())
+        return client.compute(written.to_delayed(), optimize_graph=False)
 
 
 def _map(client, n: int) -> list:
@@ -71,7 +72,7 @@ def measure(*, tasks: int = 3000, repeats: int = 3, workers: int = 2) -> dict:
 
     runs: dict[str, list[dict]] = {shape: [] for shape in SHAPES}
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+            Client(cluster, direct_to_workers=True) as client:
         worker_processes = [psutil.Process(pid) for pid in client.run(os.getpid).values()]
         here = psutil.Process()
         for _ in range(repeats):
