@@ -279,3 +279,17 @@ def test_results_travel_as_their_dataclasses(corpus, tmp_path, gpt2):
     assert TaskResult.all_from_frame(back) == results and back["result"].tolist() == results
     # A frame made from it by pandas is read from its column, never from the results it was made of.
     assert TaskResult.all_from_frame(frame.iloc[1:]) == results[1:]
+
+
+def test_a_document_without_an_id_is_named_by_its_input_and_row():
+    """Ids come from the input where it has them, row by row; the rest are ``NAME:ROW``."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tokenshards.tokenize.task import document_ids
+
+    rows = np.array([7, 8, 9], dtype=np.int64)
+    some = pa.chunked_array([pa.array(["doc-a", None]), pa.array(["doc-c"])])
+    assert document_ids(some, rows, "x.parquet").to_pylist() == ["doc-a", "x.parquet:8", "doc-c"]
+    assert document_ids(pa.nulls(3, pa.string()), rows, "y.parquet").to_pylist() == ["y.parquet:7", "y.parquet:8", "y.parquet:9"]
+    assert document_ids(pa.array([], pa.string()), rows[:0], "z.parquet").to_pylist() == []

@@ -386,13 +386,13 @@ class PartFiles(NamedTuple):
     entry: PartitionEntry
 
 
-def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: list[str], rows, starts, lengths, skipped_null: int,
-                    skipped_empty: int, backend: str = "", invalid_rows: Sequence[int] = ()) -> PartFiles:
+def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: pa.Array | Sequence[str], rows, starts, lengths,
+                    skipped_null: int, skipped_empty: int, backend: str = "", invalid_rows: Sequence[int] = ()) -> PartFiles:
     """A partition's two data files and its entry, from its tokens and docs columns. Pure: the
     caller writes them (data files first, the done record that commits them last)."""
     tokens_bytes = npy_bytes(tokens)
     docs = pa.table({
-        "id": pa.array(ids, pa.string()),
+        "id": ids.cast(pa.string()) if isinstance(ids, pa.Array) else pa.array(ids, pa.string()),
         "row": pa.array(rows, pa.int64()),
         "start": pa.array(starts, pa.int64()),
         "length": pa.array(lengths, pa.int64()),

@@ -314,18 +314,27 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
         raise InputError(f"{piece.input}: partition {piece.index}, row {int(all_rows[invalid[0]])}: column "
                          f"{settings[0].text_column!r} is not valid UTF-8{more}; fix the file, or pass --on-bad-file skip "
                          "to skip such rows")
-    all_ids = [i if i is not None else f"{piece.name}:{r}" for i, r in zip(ids.to_pylist(), all_rows.tolist())]
+    all_ids = document_ids(ids, all_rows, piece.name)
     invalid_rows = all_rows[invalid].tolist() if invalid else ()
     results = []
     for each, backend in zip(settings, backends):
         batch = tokenize_column(text, backend, eot_position=each.eot_position, dtype=each.dtype)
-        files = v1.partition_files(piece, batch.tokens, ids=[all_ids[k] for k in batch.kept.tolist()],
+        files = v1.partition_files(piece, batch.tokens, ids=all_ids.take(batch.kept),
                                    rows=all_rows[batch.kept], starts=batch.starts, lengths=batch.lengths,
                                    skipped_null=batch.skipped_null - len(invalid), skipped_empty=batch.skipped_empty,
                                    backend=each.backend, invalid_rows=invalid_rows)
         _commit(files, each)
         results.append(TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time()))
     return results
+
+
+def document_ids(ids: pa.Array | pa.ChunkedArray, rows: np.ndarray, name: str) -> pa.Array:
+    """Each row's id as its input gives it, or ``NAME:ROW`` (the input's name and the row) where it
+    gives none. In Arrow, not a Python str per document (~2% of a worker's CPU on 1 GB, py-spy)."""
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    if ids.null_count == 0:
+        return ids
+    return pc.coalesce(ids, pc.binary_join_element_wise(name, pa.array(rows).cast(pa.string()), ":"))
 
 
 def _commit(files: v1.PartFiles, settings: TaskSettings) -> None:
