@@ -89,6 +89,25 @@ def test_a_lane_keeps_its_tasks_on_its_workers_a_few_at_a_time(cluster):
     assert submitted == [[0], [8], [1], [2], [3], [4], [5], [6], [7]]
 
 
+def test_items_ready_at_once_go_out_in_growing_chunks(cluster):
+    """The first chunk gives every worker thread two tasks; the rest follow in chunks four times
+    larger, so the workers start while the client still builds tasks. Every item comes back."""
+    assert [len(c) for c in runner.growing_chunks(list(range(100)), first=4)] == [4, 16, 64, 16]
+    assert list(runner.growing_chunks([], first=4)) == []
+    with Client(cluster) as client:
+        first = runner.first_chunk(client)
+        assert first == 8  # two per thread, and never fewer than 8
+        submitted: list[list[int]] = []
+
+        def submit(batch, lane):
+            submitted.append(list(batch))
+            return client.map(abs, batch, pure=False)
+
+        results = dict(runner.each_result_as_ready(client, list(range(50)), submit, explain=runner.failure(str)))
+    assert results == {i: i for i in range(50)}
+    assert submitted == [list(range(8)), list(range(8, 40)), list(range(40, 50))]
+
+
 def test_an_error_from_arrivals_stops_the_run_and_cancels_the_rest(cluster):
     def arrivals():
         yield "a"

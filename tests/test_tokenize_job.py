@@ -200,6 +200,41 @@ def test_one_task_per_planned_partition(corpus, tmp_path):
     assert {len(dict(d.__dask_graph__())) for d in submitted} == {len(pieces)}
 
 
+def test_partitions_run_in_the_order_submitted_across_chunks(corpus, tmp_path):
+    """The job submits its partitions in growing chunks (``runner.growing_chunks``: the first runs
+    while the client builds the rest); each chunk runs after those before it, so the planned order
+    (``submission_order``: a file at a time, small pieces last) holds on the cluster."""
+    from distributed.diagnostics.plugin import SchedulerPlugin
+
+    class Order(SchedulerPlugin):
+        name = "test-order"
+
+        def __init__(self):
+            self.submitted, self.finished = [], []
+
+        def update_graph(self, scheduler, *, keys, **kwargs):
+            self.submitted.append(sorted((k for k in keys if "write_frame" in k[0]), key=lambda k: k[1]))
+
+        def transition(self, key, start, finish, *args, **kwargs):
+            if finish == "memory" and "write_frame" in key[0]:
+                self.finished.append(key)
+
+    # One worker thread: the order tasks finish in is the order the scheduler ran them in.
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=logging.CRITICAL) as one:
+        order = Order()
+        one.scheduler.add_plugin(order)
+        for f in range(3):  # 60 one-row partitions, some small
+            write_parquet(tmp_path / "in" / f"f{f}.parquet", {"text": [f"file {f} row {i} " * (1 + i % 7) for i in range(20)]},
+                          row_group_size=1)
+        config = TokenizeConfig(inputs=(str(tmp_path / "in"),), out=str(tmp_path / "out"),
+                                scheduler=one.scheduler_address, progress="none", partition_bytes=1)
+        summary = run_tokenize(config, announce=lambda msg: None)
+    chunks = [keys for keys in order.submitted if keys]
+    assert [len(keys) for keys in chunks[:2]] == [8, 32] and summary.partitions == sum(map(len, chunks))
+    assert order.finished == [key for keys in chunks for key in keys]
+
+
 def test_a_task_reads_the_same_columns_kept_or_looked_up(corpus, tmp_path, gpt2):
     """The frames a task gets keep their columns beside pandas' (``KEPT_COLUMNS``); a frame
     without them (a copy, a pickled one) is read through pandas, to the same values and files."""

@@ -123,8 +123,9 @@ def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable
     ``submit(batch, lane)`` returns one future per item. An item whose ``waiting_for(item)`` is
     None is ready at once, the others when ``arrivals`` (iterated on a thread of its own: it may
     block) yields their key. Ready items go out in batches per ``lane_of(item)``: all at once for
-    None, else as the lane has free slots. An error ``arrivals`` raises stops the job like a failed
-    task: raised here as it is, every task still pending cancelled. Returns once every item is
+    None (in ``growing_chunks``: the workers start on the first while the client builds the
+    rest), else as the lane has free slots. An error ``arrivals`` raises stops the job like a
+    failed task: raised here as it is, every task still pending cancelled. Returns once every item is
     done and ``arrivals`` is exhausted."""
     events: queue.Queue = queue.Queue()
     ready: dict[Lane | None, list] = {}
@@ -139,6 +140,14 @@ def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable
     lane_of_key: dict = {}
     live: dict = {}
     busy: dict[Lane, int] = {}
+    first: list[int] = []  # the first chunk's size, asked of the cluster once
+
+    def chunks(batch: list, lane: Lane | None) -> Iterable[list]:
+        if lane is not None:
+            return [batch]
+        if not first:
+            first.append(first_chunk(client))
+        return growing_chunks(batch, first=first[0])
 
     def launch() -> None:
         for lane, waiting in ready.items():
@@ -148,9 +157,10 @@ def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable
                 continue
             if lane is not None:
                 busy[lane] = busy.get(lane, 0) + len(batch)
-            for future, item in zip(submit(batch, lane), batch):
-                item_of[future.key], lane_of_key[future.key], live[future.key] = item, lane, future
-                future.add_done_callback(lambda f: events.put(("done", f)))  # called on another thread
+            for chunk in chunks(batch, lane):
+                for future, item in zip(submit(chunk, lane), chunk):
+                    item_of[future.key], lane_of_key[future.key], live[future.key] = item, lane, future
+                    future.add_done_callback(lambda f: events.put(("done", f)))  # called on another thread
 
     def feed() -> None:
         try:
@@ -208,6 +218,34 @@ def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable
     finally:
         if progress is not None:
             progress.close()
+
+
+FIRST_CHUNK_PER_THREAD = 2
+"""The first chunk of a large submission: a task running and one waiting on every worker thread."""
+CHUNK_GROWTH = 4
+
+
+def first_chunk(client: Client) -> int:
+    """How many items the first chunk of a submission holds on this cluster (at least 8: a
+    cluster still scaling up may have no workers yet)."""
+    return FIRST_CHUNK_PER_THREAD * max(4, sum(client.nthreads().values()))
+
+
+def growing_chunks(items: Sequence[Item], *, first: int) -> Iterator[list[Item]]:
+    """``items`` in order, ``first`` of them, then chunks each ``CHUNK_GROWTH`` times the one before.
+
+    Building and sending a partition's task costs the client ~0.34 ms (dask-expr's ``to_delayed``
+    and ``compute``; 1.1 s for 3,190 partitions), which, submitted at once, the workers wait
+    through before their first task: ~5.5 s at 16,000 partitions. The first chunk gives every
+    worker its work at once; the later ones, a few large rather than many small, are built while
+    it runs. Keeping the order across chunks is the submitter's part: Dask ranks batches sent
+    within a minute of each other as one (the tokenize job gives each task its planned place as
+    its priority)."""
+    start, size = 0, max(first, 1)
+    while start < len(items):
+        yield list(items[start:start + size])
+        start += size
+        size *= CHUNK_GROWTH
 
 
 def gather(client: Client, futures: Sequence[Future], items: Sequence[Item], *,

@@ -399,12 +399,21 @@ def _tokenize_pending(client: Client, pending: list[Piece], settings: tuple[Task
     # order: they are runs of this list.
     pending = submission_order(pending)
 
+    rank = {p.index: i for i, p in enumerate(pending)}
+
     def submit(batch: list[Piece], lane: runner.Lane | None) -> list:
         with dask.config.set(DASK_SETTINGS):
+            tasks = partition_tasks(batch, settings, wanted).to_delayed()
+            # Each task's priority is its planned place, the first highest. Left to itself, Dask
+            # orders a graph's independent tasks by their keys' text, backwards (partition 99, 98,
+            # ..., 90, 9, 89, ...: measured, distributed 2026.8), and ranks batches sent within a
+            # minute of each other as one.
+            priority = {task.key: -rank[piece.index] for task, piece in zip(tasks, batch)}
             # to_delayed optimizes (fuses) the graph already; optimizing it again in compute only
             # culls it, a Python pass over every key: ~0.6 ms of client CPU per partition.
-            return client.compute(partition_tasks(batch, settings, wanted).to_delayed(), retries=config.retries,
-                                  optimize_graph=False, **(lane.restrictions() if lane is not None else {}))
+            with dask.annotate(priority=priority.__getitem__):
+                return client.compute(tasks, retries=config.retries, optimize_graph=False,
+                                      **(lane.restrictions() if lane is not None else {}))
 
     progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
     explain = runner.failure(_describe_piece)

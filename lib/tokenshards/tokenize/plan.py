@@ -176,7 +176,8 @@ def _piece(index: int, f: InputFile, start: int, stop: int, first_row: int, rows
 
 
 def submission_order(pieces: list[Piece]) -> list[Piece]:
-    """The order tasks are submitted in (Dask runs them roughly so); output does not depend on it.
+    """The order tasks are submitted and run in (the job gives each its place as its priority); output
+    does not depend on it.
 
     Full-sized pieces grouped by file, in file order: the workers then move through few files at
     a time, so each reads a file's footer once (``footers.FooterCache``) instead of once per
