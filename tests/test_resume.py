@@ -144,3 +144,19 @@ def test_ctrl_c_stops_cleanly_and_leaves_only_committed_or_temporary_files(big_c
     for path in (out / "parts").iterdir():
         stem = path.name.split(".")[0]
         assert path.name.endswith(".tmp") or (out / "parts" / f"{stem}.done.json").exists(), path.name
+
+
+def test_a_begun_write_is_invisible_until_finished_and_leaves_nothing_when_aborted(tmp_path):
+    """A task starts its tokens file for the disk before making its checksum and docs file
+    (``store.begin_write``): until ``finish()`` no reader sees it, and ``abort()`` (the docs file
+    failed) leaves no temporary behind."""
+    from tokenshards.storage.store import begin_write, filesystem
+
+    fs, root = filesystem(str(tmp_path / "out"), {})
+    data = bytes(range(256)) * 40_000
+    pending = begin_write(fs, f"{root}/parts/a.bin", data)
+    assert [p.name for p in (tmp_path / "out/parts").iterdir()][0].endswith(".tmp")
+    pending.finish()
+    assert (tmp_path / "out/parts/a.bin").read_bytes() == data
+    begin_write(fs, f"{root}/parts/b.bin", data).abort()
+    assert [p.name for p in (tmp_path / "out/parts").iterdir()] == ["a.bin"]

@@ -387,10 +387,12 @@ class PartFiles(NamedTuple):
 
 
 def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: pa.Array | Sequence[str], rows, starts, lengths,
-                    skipped_null: int, skipped_empty: int, backend: str = "", invalid_rows: Sequence[int] = ()) -> PartFiles:
+                    skipped_null: int, skipped_empty: int, backend: str = "", invalid_rows: Sequence[int] = (),
+                    tokens_bytes: bytes | bytearray | None = None) -> PartFiles:
     """A partition's two data files and its entry, from its tokens and docs columns. Pure: the
-    caller writes them (data files first, the done record that commits them last)."""
-    tokens_bytes = npy_bytes(tokens)
+    caller writes them (data files first, the done record that commits them last). ``tokens_bytes``:
+    ``npy_bytes(tokens)``, when the caller made them already (to start writing them sooner)."""
+    tokens_bytes = npy_bytes(tokens) if tokens_bytes is None else tokens_bytes
     docs = pa.table({
         "id": ids.cast(pa.string()) if isinstance(ids, pa.Array) else pa.array(ids, pa.string()),
         "row": pa.array(rows, pa.int64()),

@@ -27,8 +27,7 @@ from ..format.v1 import PartitionEntry
 from ..encoding.encoders import WorkerEncoder
 from ..errors import InputChanged, InputError
 from .plan import STRING_TYPES, Piece, without_skip_hint
-from ..storage.store import (describe_identity_change, file_identity_like, filesystem, join, write_atomic,
-                             write_atomic_together)
+from ..storage.store import begin_write, describe_identity_change, file_identity_like, filesystem, join, write_atomic
 from .core import tokenize_column
 from .footers import WORKER_FOOTERS
 from .resume import done_record
@@ -319,11 +318,23 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
     results = []
     for each, backend in zip(settings, backends):
         batch = tokenize_column(text, backend, eot_position=each.eot_position, dtype=each.dtype)
-        files = v1.partition_files(piece, batch.tokens, ids=all_ids.take(batch.kept),
-                                   rows=all_rows[batch.kept], starts=batch.starts, lengths=batch.lengths,
-                                   skipped_null=batch.skipped_null - len(invalid), skipped_empty=batch.skipped_empty,
-                                   backend=each.backend, invalid_rows=invalid_rows)
-        _commit(files, each)
+        fs, root = filesystem(each.out, each.storage_options)
+        # The tokens file, most of the bytes, starts on its way to the disk (or S3) first; its
+        # checksum and the docs file are made while it goes.
+        tokens_bytes = v1.npy_bytes(batch.tokens)
+        tokens = begin_write(fs, join(root, v1.tokens_file(piece.index)), tokens_bytes)
+        try:
+            files = v1.partition_files(piece, batch.tokens, tokens_bytes=tokens_bytes, ids=all_ids.take(batch.kept),
+                                       rows=all_rows[batch.kept], starts=batch.starts, lengths=batch.lengths,
+                                       skipped_null=batch.skipped_null - len(invalid), skipped_empty=batch.skipped_empty,
+                                       backend=each.backend, invalid_rows=invalid_rows)
+            write_atomic(fs, join(root, files.entry.docs_file), files.docs)
+        except BaseException:
+            tokens.abort()
+            raise
+        tokens.finish()
+        # Its presence is what commits the partition: it goes only once both data files are whole.
+        write_atomic(fs, join(root, v1.done_file(piece.index)), json.dumps(done_record(files.entry, each.job)).encode())
         results.append(TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time()))
     return results
 
@@ -336,11 +347,3 @@ def document_ids(ids: pa.Array | pa.ChunkedArray, rows: np.ndarray, name: str) -
         return ids
     return pc.coalesce(ids, pc.binary_join_element_wise(name, pa.array(rows).cast(pa.string()), ":"))
 
-
-def _commit(files: v1.PartFiles, settings: TaskSettings) -> None:
-    """The data files, written at the same time (their fsyncs or uploads overlap), then the done
-    record: its presence is what commits the partition, so it goes only once both are whole."""
-    fs, root = filesystem(settings.out, settings.storage_options)
-    write_atomic_together(fs, {join(root, files.entry.tokens_file): files.tokens,
-                               join(root, files.entry.docs_file): files.docs})
-    write_atomic(fs, join(root, v1.done_file(files.entry.index)), json.dumps(done_record(files.entry, settings.job)).encode())
