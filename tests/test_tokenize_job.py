@@ -242,7 +242,8 @@ def test_a_task_reads_the_same_columns_kept_or_looked_up(corpus, tmp_path, gpt2)
 
     from tokenshards.encoding.backends import TiktokenBackend
     from tokenshards.encoding.encoders import load_encoding
-    from tokenshards.tokenize.task import KEPT_COLUMNS, piece_columns, piece_frame, read_piece, write_outputs
+    from tokenshards.tokenize.task import (KEPT_COLUMNS, piece_and_outputs, piece_columns, piece_frame, read_piece,
+                                           write_outputs)
 
     pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
     frame = read_piece(pieces[1], text_column="text", storage_options={})
@@ -257,6 +258,7 @@ def test_a_task_reads_the_same_columns_kept_or_looked_up(corpus, tmp_path, gpt2)
     [b] = write_outputs(copied, pieces[1], settings=[settings], backends=[backend])
     pieces_frame = piece_frame(pieces[1], (0,))
     assert pieces_frame.__dict__[KEPT_COLUMNS] == (pieces_frame["piece"][0], pieces_frame["outputs"][0]) == (pieces[1], (0,))
+    assert piece_and_outputs(pieces_frame) == piece_and_outputs(pieces_frame.copy()) == (pieces[1], (0,))
     assert a.entry == b.entry and a.entry.tokens > 0
 
 

@@ -258,7 +258,9 @@ def begin_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> Pendin
     (a 6 MB tokens file here: fsync waited 3.5 ms, 0.2 ms after 6 ms of other work); an upload
     runs on a thread, the calling thread being the worker's only one."""
     if is_local(fs):
-        return _LocalWrite(path, data)
+        write = _LocalWrite(path, data)
+        _start_writeback(write.file.fileno())
+        return write
     return _ThreadWrite(_WAITS.submit(write_atomic, fs, path, data))
 
 
@@ -267,8 +269,7 @@ _WAITS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tokenshards-write
 
 
 class _LocalWrite(PendingWrite):
-    """A temporary file beside ``path``, its bytes written and their writeback started; renamed
-    over ``path`` after an fsync. (Local writes stay on the calling thread: handing one to a thread
+    """A temporary file beside ``path``, its bytes written; renamed over ``path`` after an fsync. (Local writes stay on the calling thread: handing one to a thread
     cost more CPU than it saved, 0.96 against 0.64 ms at 20 KB, measured here.)"""
 
     def __init__(self, path: str, data: bytes):
@@ -278,7 +279,6 @@ class _LocalWrite(PendingWrite):
         try:
             self.file.write(data)
             self.file.flush()
-            _start_writeback(self.file.fileno())
         except BaseException:
             self.abort()
             raise

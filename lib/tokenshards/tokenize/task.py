@@ -163,11 +163,7 @@ def write_frame(frame: pd.DataFrame, pieces: pd.DataFrame, *,
     """``map_partitions``' function: the piece's rows and the piece in, one result row per output
     written out. ``settings``: one output's, or one per output of a run of several encodings,
     each written from the same rows (read and decoded once) with its worker's own encoder."""
-    kept = pieces.__dict__.get(KEPT_COLUMNS)
-    if kept is not None:
-        piece, wanted = kept
-    else:
-        [piece], [wanted] = pieces["piece"].tolist(), pieces["outputs"].tolist()
+    piece, wanted = piece_and_outputs(pieces)
     each = [settings] if isinstance(settings, TaskSettings) else list(settings)
     chosen = list(range(len(each)) if wanted is None else wanted)
     written = write_outputs(frame, piece, settings=[each[i] for i in chosen],
@@ -269,6 +265,15 @@ def piece_columns(frame: pd.DataFrame) -> tuple[np.ndarray, pa.Array | pa.Chunke
     if kept is not None:
         return kept
     return frame["row"].to_numpy(), pa.array(frame["id"]), pa.array(frame["text"])
+
+
+def piece_and_outputs(frame: pd.DataFrame) -> tuple[Piece, tuple[int, ...] | None]:
+    """(piece, outputs) of a frame of ``PIECE_META``'s one row."""
+    kept = frame.__dict__.get(KEPT_COLUMNS)
+    if kept is not None:
+        return kept
+    [piece], [outputs] = frame["piece"].tolist(), frame["outputs"].tolist()
+    return piece, outputs
 
 
 def _null_invalid_utf8(text: pa.Array) -> tuple[pa.Array, list[int]]:
