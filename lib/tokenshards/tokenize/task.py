@@ -329,7 +329,7 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
         tokens_bytes = v1.npy_bytes(batch.tokens)
         tokens = begin_write(fs, join(root, v1.tokens_file(piece.index)), tokens_bytes)
         try:
-            files = v1.partition_files(piece, batch.tokens, tokens_bytes=tokens_bytes, ids=all_ids.take(batch.kept),
+            files = v1.partition_files(piece, batch.tokens, tokens_bytes=tokens_bytes, ids=_kept(all_ids, batch.kept),
                                        rows=all_rows[batch.kept], starts=batch.starts, lengths=batch.lengths,
                                        skipped_null=batch.skipped_null - len(invalid), skipped_empty=batch.skipped_empty,
                                        backend=each.backend, invalid_rows=invalid_rows)
@@ -342,6 +342,11 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
         write_atomic(fs, join(root, v1.done_file(piece.index)), json.dumps(done_record(files.entry, each.job)).encode())
         results.append(TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time()))
     return results
+
+
+def _kept(ids: pa.Array, kept: np.ndarray) -> pa.Array:
+    """``ids.take(kept)``, skipped when every row was kept (most partitions: no empty or null text)."""
+    return ids if len(kept) == len(ids) else ids.take(kept)
 
 
 def document_ids(ids: pa.Array | pa.ChunkedArray, rows: np.ndarray, name: str) -> pa.Array:
