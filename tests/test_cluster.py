@@ -304,7 +304,7 @@ if __name__ == "__main__":
     assert start_forkserver()
     with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
         def probe():  # before any task: a spawned worker has imported none of these yet
-            return (sorted(m for m in ("dask.dataframe", "tokenshards.tokenize.task", "splintr", "gigatoken", "awkward")
+            return (sorted(m for m in ("pandas", "tokenshards.tokenize.task", "splintr", "gigatoken", "awkward")
                            if m in sys.modules),
                     signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
         print(sorted(client.run(probe).values()))
@@ -318,7 +318,7 @@ def test_local_workers_fork_from_a_preloaded_server_and_ignore_ctrl_c(tmp_path):
     script.write_text(PRESTARTED_WORKER_PROBE)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    preloaded = ["awkward", "dask.dataframe", "gigatoken", "splintr", "tokenshards.tokenize.task"]
+    preloaded = ["awkward", "gigatoken", "pandas", "splintr", "tokenshards.tokenize.task"]
     assert proc.stdout.strip() == repr([(preloaded, True)] * 2)
 
 

@@ -200,6 +200,43 @@ def test_one_task_per_planned_partition(corpus, tmp_path):
     assert {len(dict(d.__dask_graph__())) for d in submitted} == {len(pieces)}
 
 
+def test_a_partition_task_names_only_modules_the_workers_start_with(corpus, tmp_path):
+    """Local workers are forked with ``prestart.PRELOAD`` imported. A module a task names beyond
+    those would be imported in each worker's first task; one the preload holds that no task names
+    (dask.dataframe was: ~0.2 s of the forkserver's CPU through start-up) costs every run for nothing."""
+    import io
+    import pickle
+
+    import dask
+    from distributed.protocol.pickle import dumps
+
+    from tokenshards.cluster.prestart import PRELOAD
+    from tokenshards.encoding.encoders import load_encoding
+    from tokenshards.tokenize.job import DASK_SETTINGS, partition_tasks
+
+    pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
+    with dask.config.set(DASK_SETTINGS):
+        [task] = partition_tasks(pieces[:1], settings).to_delayed()
+    named = set()
+
+    class Naming(pickle.Unpickler):
+        def find_class(self, module, name):
+            named.add(module)
+            return super().find_class(module, name)
+
+    for spec in dict(task.__dask_graph__()).values():
+        Naming(io.BytesIO(dumps(spec))).load()
+    assert "tokenshards.tokenize.task" in named
+    probe = ("import importlib, json, sys\n"
+             f"for m in {list(PRELOAD)!r}:\n"
+             "    try: importlib.import_module(m)\n"
+             "    except ImportError: pass\n"
+             f"print(json.dumps([sorted(set({sorted(named)!r}) - set(sys.modules)), 'dask.dataframe' in sys.modules]))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [[], False], sorted(named)
+
+
 def test_partitions_run_in_the_order_submitted_across_chunks(corpus, tmp_path):
     """The job submits its partitions in growing chunks (``runner.growing_chunks``: the first runs
     while the client builds the rest); each chunk runs after those before it, so the planned order

@@ -17,11 +17,15 @@ from typing import Mapping, Sequence
 
 from .interrupt import children_ignore_ctrl_c
 
-PRELOAD = ("distributed", "dask.dataframe", "tokenshards.tokenize.task", "tokenshards.encoding.backends", "gigatoken",
+PRELOAD = ("distributed", "tokenshards.tokenize.task", "tokenshards.encoding.backends", "gigatoken",
            "awkward", "splintr", "riptoken", "tokenshards.cluster.forkserver_preload")
 """What a worker's tasks import; the forkserver skips a module that is not installed. (gigatoken hands
 its results back as awkward arrays but imports awkward only then: ~0.35 s in a worker's first task.)
-The last one prebuilds the encoder, if asked, and freezes the heap."""
+The last one prebuilds the encoder, if asked, and freezes the heap. Not dask.dataframe: the client
+builds the graph with it, but a partition's task names only ``dask._task_spec`` and our modules
+(``test_a_partition_task_names_only_modules_the_workers_start_with``), and importing it took ~0.2 s
+of the server's CPU while both cores were busy starting (a 5 MB run: 1.57 against 1.66 s, medians
+of 10, interleaved). The rare export that needs it (Dask's shuffle) imports it in its tasks."""
 
 
 def start_forkserver(*, prebuild: tuple[str | Sequence[str], str] | None = None) -> bool:
