@@ -370,7 +370,8 @@ def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> 
         ceiling = runs[f"ceiling_{bare[0]}"]
         ratios[b] = {"whole_command_vs_ceiling": ratio(ours, "tokens_per_s", ceiling),
                      "tokenizing_phase_vs_ceiling": ratio(ours, "phase_tokens_per_s", ceiling),
-                     "peak_rss_mb": median(ours, "peak_rss_bytes") / 1e6}
+                     "peak_rss_mb": median(ours, "peak_rss_bytes") / 1e6,
+                     **against_fastest(ours, ceiling)}
         if "baseline" in runs:
             ratios[b]["whole_command_vs_mp_pool"] = ratio(ours, "tokens_per_s", runs["baseline"])
         for c in bare[1:]:
@@ -383,6 +384,17 @@ def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> 
     return {"corpus": {"path": str(corpus), "files": len(files)}, "backends": backends, "default": default,
             "ceiling": bare[0], "medians_tokens_per_s": {k: median(v, "tokens_per_s") for k, v in runs.items()},
             "ceilings_tokens_per_s": rates, "ratios": ratios, "peer": peer_info, "runs": runs}
+
+
+def against_fastest(ours: list[dict], ceiling: list[dict]) -> dict:
+    """Our medians against the ceiling's fastest run, beside the issue's median of paired ratios:
+    bare gigatoken's runs spread far more than ours (its English runs 3.5-4.7 s in one bench run,
+    3.7-5.6 s in another, while our throughput stayed the same), and its best is what this machine
+    can do. A steadier figure to compare two bench runs by; the targets are judged as the issue says."""
+    fastest = max(c["tokens_per_s"] for c in ceiling)
+    return {"whole_command_vs_fastest_ceiling": median(ours, "tokens_per_s") / fastest,
+            "tokenizing_phase_vs_fastest_ceiling": median(ours, "phase_tokens_per_s") / fastest,
+            "ceiling_runs_tokens_per_s": sorted(c["tokens_per_s"] for c in ceiling)}
 
 
 def print_corpus(name: str, m: dict, a) -> None:
@@ -413,6 +425,11 @@ def print_corpus(name: str, m: dict, a) -> None:
         if "whole_command_vs_megatron" in r:
             line += f", {r['whole_command_vs_megatron']:.2f}x Megatron whole (phase vs its timer {r['timed_part_vs_megatron']:.2f}x)"
         print(line)
+        if "whole_command_vs_fastest_ceiling" in r:
+            spread = r["ceiling_runs_tokens_per_s"]
+            print(f"      against bare {bare}'s fastest run ({spread[-1] / 1e6:.1f} M tokens/s; its runs "
+                  f"{spread[0] / 1e6:.1f}-{spread[-1] / 1e6:.1f} M): whole command {r['whole_command_vs_fastest_ceiling']:.2f}, "
+                  f"tokenizing phase {r['tokenizing_phase_vs_fastest_ceiling']:.2f}")
         for c in rates:
             if c != bare:
                 print(f"      vs bare {c}: whole command {r[f'whole_command_vs_bare_{c}']:.2f}, "
