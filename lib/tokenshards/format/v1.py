@@ -394,7 +394,7 @@ def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: pa.Array | Sequen
     ``npy_bytes(tokens)``, when the caller made them already (to start writing them sooner)."""
     tokens_bytes = npy_bytes(tokens) if tokens_bytes is None else tokens_bytes
     docs = pa.table({
-        "id": (ids if ids.type == pa.string() else ids.cast(pa.string())) if isinstance(ids, pa.Array) else pa.array(ids, pa.string()),
+        "id": ids.cast(pa.string()) if isinstance(ids, pa.Array) else pa.array(ids, pa.string()),
         "row": pa.array(rows, pa.int64()),
         "start": pa.array(starts, pa.int64()),
         "length": pa.array(lengths, pa.int64()),
