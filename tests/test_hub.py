@@ -559,3 +559,47 @@ def test_cli_download_to_a_folder(server, tmp_path):
     assert proc.stdout.strip() == f"downloaded: 3 parquet files in {tmp_path / 'd' / 'sample' / '10BT'}"
     for p in _served(server.root):
         assert (tmp_path / "d/sample/10BT" / p.name).read_bytes() == p.read_bytes()
+
+
+def test_a_reading_plugin_opens_this_machines_copy_else_ranges_of_the_hub(server, tmp_path):
+    """``verify --deep``'s plugin for ``hfcache://`` references: a file downloaded here is read from
+    here; one that is not is read by range at the pinned commit, and nothing is downloaded; a run's
+    (fetching) registration of the same commit is left in place."""
+    from huggingface_hub import constants
+    from tokenshards.storage.hub.listing import list_files
+    from tokenshards.storage.hub.fetch import fetch_file
+    from tokenshards.storage.hub.workerfs import HubCacheFileSystem, cache_uri, reading_plugins, reference_identity
+
+    ds = _dataset(server, tmp_path)
+    listing = list_files(ds)
+    present, absent = listing.files[0], listing.files[1]
+    fetch_file(ds, listing.repo, listing.commit, present)
+    identities = {cache_uri(listing.repo, listing.commit, f.path): dict(reference_identity(f)) for f in listing.files}
+    original = constants.HF_HUB_CACHE
+    constants.HF_HUB_CACHE = str(tmp_path / "hf-cache")  # as a worker with HF_HUB_CACHE set reads it
+    [plugin] = reading_plugins(identities, endpoint=server.url)
+    try:
+        plugin.setup(worker=None)
+        before = len(server.requests)
+        for f in (present, absent):
+            url = cache_uri(listing.repo, listing.commit, f.path)
+            fs, path = filesystem(url)
+            assert store.file_identity_like(fs, path, identities[url]) == tuple(identities[url].items())
+            with fs.open(path, "rb") as opened:
+                table = pq.ParquetFile(opened).read_row_group(1, columns=["text"])
+            assert table.column("text").to_pylist() == pq.read_table(server.root / f.path).column("text").to_pylist()[16:32]
+        hub_reads = [r for r in server.requests[before:] if "/resolve/" in r.path]
+        assert hub_reads and all(r.path.endswith(absent.path) and r.range for r in hub_reads)
+        assert not server.downloads(absent.path)
+    finally:
+        constants.HF_HUB_CACHE = original
+        plugin.teardown(worker=None)
+
+    from tokenshards.storage.hub import HubFetchPlugin
+    run = HubFetchPlugin(ds, listing)
+    run.setup(worker=None)
+    try:
+        plugin.setup(worker=None)  # a verify on the run's cluster: the run's entry serves it
+        assert HubCacheFileSystem.datasets[run.key].fetch
+    finally:
+        run.teardown(worker=None)

@@ -27,6 +27,7 @@ from tokenshards.errors import UserError
 from tokenshards.storage.hub import FOOTER_TAIL, HubDataset
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.job import run_tokenize
+from tokenshards.verify.job import VerifyConfig, run_verify
 
 REPO = "HuggingFaceFW/fineweb"
 PARTITION = 200_000
@@ -162,3 +163,39 @@ def test_auto_on_a_local_cluster_downloads_here_and_says_so_before_the_cluster_s
     dashboard = next(i for i, m in enumerate(said) if m.startswith("dashboard: "))
     assert said.index(line) < dashboard  # decided, and downloading, before the cluster started
     assert len(server.downloads()) == 3
+
+
+def test_verify_deep_on_a_fresh_cluster_reads_the_sampled_row_groups_from_the_hub(server, machines, tmp_path,
+                                                                                  monkeypatch):
+    """Verify later, on machines that never held the files (a new cluster): ``--deep`` reads the
+    sampled documents' row groups from the Hub by range at the run's commit, downloading no file."""
+    from huggingface_hub import constants
+
+    address, hf = machines
+    out = tmp_path / "workers"
+    run_tokenize(TokenizeConfig(inputs=(), out=str(out), hub=_dataset(server, hf / "hub"), partition_bytes=PARTITION,
+                                scheduler=address, progress="none"), announce=lambda m: None)
+    before = len(server.requests)
+    fresh = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs tokenshards-fresh "$0" && exec "$@"', str(hf))
+    logs = tmp_path / "fresh-logs"
+    logs.mkdir()
+    with dask_processes(logs, workers=0) as procs:
+        for _ in range(2):
+            procs.start_worker(wrap=fresh)
+        procs.wait_for_workers(2, timeout=60)
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)  # HF_ENDPOINT, as verify's process read it
+        report = run_verify(VerifyConfig(out=str(out), deep=6, scheduler=procs.address), announce=lambda m: None)
+    assert report.ok, report.lines()
+    assert report.compared == 6
+    read = [r for r in server.requests[before:] if "/resolve/" in r.path and r.method == "GET"]
+    assert read and all(r.range and r.status == 206 for r in read), [(r.path, r.range, r.status) for r in read]
+    files = {p.relative_to(server.root).as_posix(): p.stat().st_size for p in server.root.glob("sample/10BT/*.parquet")}
+    sent = sum(_range_bytes(r.range, files[r.path.split("/", 6)[-1]]) for r in read)
+    assert sent < 0.5 * sum(files.values())  # six documents' row groups and the footers, not the files
+    assert not list(hf.rglob("*.parquet"))
+
+
+def _range_bytes(header: str, size: int) -> int:
+    first, _, last = header.removeprefix("bytes=").partition("-")
+    return (int(last) if last else size - 1) - int(first) + 1

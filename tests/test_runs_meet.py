@@ -197,6 +197,7 @@ def test_export_refuses_a_folder_a_live_run_writes(corpus, tmp_path, cluster):
 
 def test_hub_fetch_plugin_is_idempotent_and_tears_down():
     from tokenshards.storage.hub import HubCacheFileSystem, HubFetchPlugin, HubFile, HubListing
+    from tokenshards.storage.hub.workerfs import Registered
     from tokenshards.storage.hubspec import HubDataset
 
     ds = HubDataset(repo="HuggingFaceFW/fineweb", size="10B")
@@ -205,6 +206,6 @@ def test_hub_fetch_plugin_is_idempotent_and_tears_down():
     plugin = HubFetchPlugin(ds, listing)
     assert plugin.idempotent  # a second run on the same scheduler keeps the running copy
     plugin.setup(worker=None)
-    assert HubCacheFileSystem.datasets[plugin.key] == (plugin.ds, plugin.files)
+    assert HubCacheFileSystem.datasets[plugin.key] == Registered(plugin.ds, plugin.files, fetch=True)
     plugin.teardown(worker=None)
     assert plugin.key not in HubCacheFileSystem.datasets

@@ -271,6 +271,8 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
             client.register_plugin(plugin)
             identities = {i["path"]: i["identity"] for i in manifest.inputs
                           if isinstance(i, dict) and i.get("path") in sampled and isinstance(i.get("identity"), dict)}
+            for hub in _hub_reading_plugins(identities):  # a --fetch workers run's hfcache:// inputs
+                client.register_plugin(hub)
             expected = dataclasses.replace(expected, encoder=plugin.ref, input_identities=identities)
         announce(f"verifying {counted(len(entries), 'partition')} of {config.out}"
                  + (f", re-tokenizing {sum(map(len, sample.values()))} documents" if sample else ""))
@@ -290,6 +292,16 @@ def _verify_partitions(client: Client, entries: list[PartitionEntry], sample: di
                             progress=Progress(len(entries), mode=config.progress, amount=None))
     problems = [p for partition_problems, _ in results for p in partition_problems]
     return problems, sum(compared for _, compared in results)
+
+
+def _hub_reading_plugins(identities: dict[str, dict]) -> list:
+    """Read-only ``hfcache://`` plugins for the sampled inputs of a ``--fetch workers`` run (none
+    otherwise: then huggingface_hub is not even imported)."""
+    if not any(url.startswith("hfcache://") for url in identities):
+        return []
+    from ..storage.hub.workerfs import reading_plugins
+
+    return reading_plugins(identities)
 
 
 def _deep_encoding(manifest: Manifest, *, announce: Callable[[str], None]):

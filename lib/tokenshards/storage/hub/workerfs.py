@@ -1,21 +1,29 @@
 """``--fetch workers``: Hub files opened on a worker as ``hfcache://datasets/REPO@COMMIT/PATH``,
 each downloaded into that worker's own machine (its HF cache, or ``download_dir`` as a path of
 that machine) the first time a task opens it. ``HubFetchPlugin`` registers the filesystem on
-every worker with the client's endpoint and listing."""
+every worker with the client's endpoint and listing.
+
+A run's manifest keeps those references, so ``verify --deep`` opens them too, maybe on machines
+that never held the files: its plugin (``fetch=False``) reads this machine's copy where there is
+one, else only the byte ranges a read asks for, from the Hub at the run's commit
+(huggingface_hub's ``HfFileSystem``), never downloading a whole file to check a few documents."""
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import re
+from dataclasses import dataclass
 
 import fsspec
 from distributed import WorkerPlugin
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
+from huggingface_hub import HfFileSystem
 
 from ...errors import UserError
-from ..hubspec import HubDataset
+from ..hubspec import HubDataset, folder_size
 from ..store import file_identity
+from .cache import is_present, local_path
 from .fetch import fetch_file
 from .listing import HubFile, HubListing
 
@@ -41,28 +49,46 @@ def parse_cache_uri(uri: str) -> tuple[str, str, str]:
     return m.group(1), m.group(2), m.group(3)
 
 
+@dataclass(frozen=True)
+class Registered:
+    """What a worker knows of one (repo, commit): how to fetch, the listed files, and whether a
+    file missing here is downloaded (a run) or read by range from the Hub (a verify)."""
+
+    ds: HubDataset
+    files: dict[str, HubFile]
+    fetch: bool = True
+
+
 class HubCacheFileSystem(AbstractFileSystem):
     """``hfcache://datasets/REPO@COMMIT/PATH`` opened from this machine's HF cache, downloading the
     file first when missing (huggingface_hub's per-blob lock makes concurrent workers of one
-    machine wait for one download instead of starting their own)."""
+    machine wait for one download instead of starting their own), or, registered without
+    ``fetch``, reading a missing file's ranges from the Hub."""
 
     protocol = PROTOCOL
-    datasets: dict[tuple[str, str], tuple[HubDataset, dict[str, HubFile]]] = {}
-    """(repo, commit) → how to fetch and the listed files; filled by ``HubFetchPlugin.setup``."""
+    datasets: dict[tuple[str, str], Registered] = {}
+    """(repo, commit) → what this worker knows of it; filled by ``HubFetchPlugin.setup``."""
 
     def __init__(self, *args, **storage_options):
         super().__init__()  # storage options belong to other protocols (s3://): nothing to take here
 
-    def _local(self, path: str) -> str:
+    def _entry(self, path: str) -> tuple[Registered, HubListing, HubFile]:
         repo, commit, file = parse_cache_uri(path)
         entry = self.datasets.get((repo, commit))
         if entry is None:
             raise UserError(f"{path}: this worker was not set up for {repo}@{commit[:12]} (HubFetchPlugin missing)")
-        ds, files = entry
-        f = files.get(file)
+        f = entry.files.get(file)
         if f is None:
             raise FileNotFoundError(f"{path}: not in the listing of {repo}@{commit[:12]}")
-        return fetch_file(ds, repo, commit, f)
+        listing = HubListing(repo=repo, revision=commit, commit=commit, folder=entry.ds.folder, files=(f,))
+        return entry, listing, f
+
+    def _local(self, path: str) -> str | None:
+        """This machine's copy, downloaded first if the entry fetches; None: read it from the Hub."""
+        entry, listing, f = self._entry(path)
+        if entry.fetch:
+            return fetch_file(entry.ds, listing.repo, listing.commit, f)
+        return str(local_path(entry.ds, listing, f)) if is_present(entry.ds, listing, f) else None
 
     @classmethod
     def _strip_protocol(cls, path):
@@ -71,7 +97,11 @@ class HubCacheFileSystem(AbstractFileSystem):
     def info(self, path, **kwargs):
         """Size, and the etag its copy here is known by (a cache blob's name, or the etag a download
         folder's record vouches for): ``store.file_identity`` of it is ``reference_identity``."""
-        local = dict(file_identity(LocalFileSystem(), self._local(path)))
+        local = self._local(path)
+        if local is None:  # read from the Hub at a pinned commit: the listed file, which cannot change
+            _, _, f = self._entry(path)
+            return {"name": path, "size": f.size, "type": "file", "etag": f.etag}
+        local = dict(file_identity(LocalFileSystem(), local))
         found = {"name": path, "size": local["size"], "type": "file"}
         if "blob" in local:
             found["etag"] = local["blob"]
@@ -80,28 +110,57 @@ class HubCacheFileSystem(AbstractFileSystem):
     def _open(self, path, mode="rb", **kwargs):
         if mode != "rb":
             raise PermissionError(f"{PROTOCOL}:// is read-only")
-        return open(self._local(path), "rb")
+        local = self._local(path)
+        if local is not None:
+            return open(local, "rb")
+        entry, listing, f = self._entry(path)
+        hub = HfFileSystem(endpoint=entry.ds.hub_endpoint)
+        # No read-ahead: Arrow asks for exactly the footer and column chunks it needs, each one range.
+        return hub.open(f"datasets/{listing.repo}@{listing.commit}/{f.path}", "rb", size=f.size, cache_type="none")
 
 
 class HubFetchPlugin(WorkerPlugin):
     """Registers ``hfcache://`` on each worker with the client's endpoint and listing, so every
     machine fetches from the Hub the client listed, at the same commit."""
 
-    def __init__(self, ds: HubDataset, listing: HubListing):
+    def __init__(self, ds: HubDataset, listing: HubListing, *, fetch: bool = True):
         self.ds = dataclasses.replace(ds, endpoint=ds.hub_endpoint)
         self.key = (listing.repo, listing.commit)
         self.files = {f.path: f for f in listing.files}
-        digest = hashlib.sha256(repr((self.ds, self.key, sorted(self.files))).encode()).hexdigest()[:16]
+        self.fetch = fetch
+        digest = hashlib.sha256(repr((self.ds, self.key, sorted(self.files), fetch)).encode()).hexdigest()[:16]
         self.name = f"tokenshards-hub-{digest}"
 
     idempotent = True
     """Same name, same listing: a second run on the same scheduler keeps the running copy."""
 
     def setup(self, worker):
-        HubCacheFileSystem.datasets[self.key] = (self.ds, self.files)
+        mine = Registered(self.ds, self.files, self.fetch)
+        if self.fetch or self.key not in HubCacheFileSystem.datasets:  # a run's entry serves a verify too
+            HubCacheFileSystem.datasets[self.key] = mine
         fsspec.register_implementation(PROTOCOL, HubCacheFileSystem, clobber=True)
 
     def teardown(self, worker):
         """Unregistered (or the worker closes): forget this listing unless another plugin replaced it."""
-        if HubCacheFileSystem.datasets.get(self.key) == (self.ds, self.files):
+        if HubCacheFileSystem.datasets.get(self.key) == Registered(self.ds, self.files, self.fetch):
             del HubCacheFileSystem.datasets[self.key]
+
+
+def reading_plugins(identities: dict[str, dict], *, endpoint: str | None = None) -> list[HubFetchPlugin]:
+    """For ``verify --deep``: a plugin that reads (never fetches) per (repo, commit) among a run's
+    recorded inputs, {url: identity}; the files come from the identities the run recorded (size,
+    etag: ``reference_identity``); ``endpoint`` None: this process's HF_ENDPOINT."""
+    by_dataset: dict[tuple[str, str], list[HubFile]] = {}
+    for url, identity in identities.items():
+        if not url.startswith(f"{PROTOCOL}://"):
+            continue
+        repo, commit, path = parse_cache_uri(url)
+        by_dataset.setdefault((repo, commit), []).append(
+            HubFile(path=path, size=int(identity.get("size", 0)), etag=str(identity.get("etag", ""))))
+    plugins = []
+    for (repo, commit), files in sorted(by_dataset.items()):
+        folder = files[0].path.rsplit("/", 1)[0]
+        ds = HubDataset(repo=repo, size=folder_size(folder), endpoint=endpoint)
+        listing = HubListing(repo=repo, revision=commit, commit=commit, folder=folder, files=tuple(files))
+        plugins.append(HubFetchPlugin(ds, listing, fetch=False))
+    return plugins
