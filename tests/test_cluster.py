@@ -304,22 +304,26 @@ if __name__ == "__main__":
     assert start_forkserver()
     with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
         def probe():  # before any task: a spawned worker has imported none of these yet
+            from distributed.versions import _version_cached
             return (sorted(m for m in ("pandas", "tokenshards.tokenize.task", "splintr", "gigatoken", "awkward")
                            if m in sys.modules),
-                    signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+                    signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+                    # its handshake's versions came from the server's cache (else: all misses)
+                    _version_cached.cache_info().hits > 0)
         print(sorted(client.run(probe).values()))
 """
 
 
 def test_local_workers_fork_from_a_preloaded_server_and_ignore_ctrl_c(tmp_path):
     """What the command line does first (prestart.py): workers start with the task modules already
-    imported, and ignore SIGINT so that only the client handles a terminal's Ctrl-C."""
+    imported and the versions their handshake sends already known (``forkserver_preload``), and
+    ignore SIGINT so that only the client handles a terminal's Ctrl-C."""
     script = tmp_path / "probe.py"
     script.write_text(PRESTARTED_WORKER_PROBE)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     preloaded = ["awkward", "gigatoken", "pandas", "splintr", "tokenshards.tokenize.task"]
-    assert proc.stdout.strip() == repr([(preloaded, True)] * 2)
+    assert proc.stdout.strip() == repr([(preloaded, True, True)] * 2)
 
 
 PREBUILT_PROBE = r"""
@@ -399,3 +403,4 @@ def test_default_local_cluster_has_a_worker_per_core():
         workers = client.scheduler_info(n_workers=-1)["workers"]
     assert len(workers) == (os.cpu_count() or 1)
     assert said and said[0].startswith("dashboard: ") and "process worker" in said[0]
+
