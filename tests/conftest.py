@@ -1,7 +1,10 @@
 """Shared test parts: one real LocalCluster (process workers) per session, real tiktoken."""
 from __future__ import annotations
 
+import contextlib
+import glob
 import logging
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,6 +15,29 @@ from distributed import LocalCluster
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.tokenize.job import run_tokenize
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_semaphores():
+    """Tests that SIGKILL a worker's whole process group (a machine lost) kill its multiprocessing
+    resource tracker too, which would have unlinked the group's named semaphores: /dev/shm kept ~6
+    of them per such test, run after run. At the session's end, those made during it that no live
+    process maps (by inode: glibc maps a semaphore under a temporary name) are unlinked."""
+    before = set(glob.glob("/dev/shm/sem.mp-*"))
+    yield
+    in_use = _mapped_shm_inodes()
+    for path in set(glob.glob("/dev/shm/sem.mp-*")) - before:
+        with contextlib.suppress(OSError):
+            if os.stat(path).st_ino not in in_use:
+                os.unlink(path)
+
+
+def _mapped_shm_inodes() -> set[int]:
+    inodes = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        with contextlib.suppress(OSError), open(maps) as f:
+            inodes.update(int(line.split()[4]) for line in f if "/dev/shm/" in line)
+    return inodes
 
 
 @pytest.fixture(scope="session")
