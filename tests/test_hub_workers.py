@@ -11,6 +11,7 @@ and neither sees the client's. The stand-in Hub logs every request.
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import socket
@@ -69,20 +70,26 @@ def _dataset(server: HubServer, cache: Path, **kw) -> HubDataset:
     return HubDataset(repo=REPO, size="10B", endpoint=server.url, cache_dir=str(cache), backoff=0.05, keep_free=0, **kw)
 
 
-@pytest.fixture
-def machines(tmp_path):
-    """(scheduler address, HF folder): two workers whose own tmpfs covers the HF folder."""
-    hf = tmp_path / "hf"
-    hf.mkdir()
+@contextlib.contextmanager
+def _own_disk_workers(hf: Path, logs: Path):
+    """A scheduler and two workers, each with an empty tmpfs of its own over ``hf``; its address."""
     own_disk = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
                 'mount -t tmpfs tokenshards-test "$0" && exec "$@"', str(hf))
-    logs = tmp_path / "logs"
     logs.mkdir()
     with dask_processes(logs, workers=0) as procs:
         for _ in range(2):
             procs.start_worker(wrap=own_disk)
         procs.wait_for_workers(2, timeout=60)
-        yield procs.address, hf
+        yield procs.address
+
+
+@pytest.fixture
+def machines(tmp_path):
+    """(scheduler address, HF folder): two workers whose own tmpfs covers the HF folder."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    with _own_disk_workers(hf, tmp_path / "logs") as address:
+        yield address, hf
 
 
 def _body_bytes(server: HubServer, path: str, size: int) -> int:
@@ -176,16 +183,9 @@ def test_verify_deep_on_a_fresh_cluster_reads_the_sampled_row_groups_from_the_hu
     run_tokenize(TokenizeConfig(inputs=(), out=str(out), hub=_dataset(server, hf / "hub"), partition_bytes=PARTITION,
                                 scheduler=address, progress="none"), announce=lambda m: None)
     before = len(server.requests)
-    fresh = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
-             'mount -t tmpfs tokenshards-fresh "$0" && exec "$@"', str(hf))
-    logs = tmp_path / "fresh-logs"
-    logs.mkdir()
-    with dask_processes(logs, workers=0) as procs:
-        for _ in range(2):
-            procs.start_worker(wrap=fresh)
-        procs.wait_for_workers(2, timeout=60)
+    with _own_disk_workers(hf, tmp_path / "fresh-logs") as fresh:
         monkeypatch.setattr(constants, "ENDPOINT", server.url)  # HF_ENDPOINT, as verify's process read it
-        report = run_verify(VerifyConfig(out=str(out), deep=6, scheduler=procs.address), announce=lambda m: None)
+        report = run_verify(VerifyConfig(out=str(out), deep=6, scheduler=fresh), announce=lambda m: None)
     assert report.ok, report.lines()
     assert report.compared == 6
     read = [r for r in server.requests[before:] if "/resolve/" in r.path and r.method == "GET"]
