@@ -82,6 +82,17 @@ def test_path_matching_nothing(tokenize, tmp_path):
         tokenize([tmp_path / "nothing-*.parquet"])
 
 
+def test_an_input_matching_nothing_is_said_before_dask_dataframe_is_imported(tmp_path):
+    """The command's own process: a mistake found before any graph is built does not wait for
+    dask.dataframe (~0.3 s of imports here) to be said."""
+    probe = ("import sys; from tokenshards.cli import main; "
+             f"code = main(['tokenize', '--input', {str(tmp_path / 'nothing.parquet')!r}, '--out', {str(tmp_path / 'out')!r}]); "
+             "print(code, 'dask.dataframe' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    assert done.stderr.strip().endswith("matches no file; check the path or glob (quote globs so the shell leaves them alone)")
+
+
 def test_output_that_cannot_be_written(tokenize, good, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import dask
-import dask.dataframe as dd
 from distributed import Client, performance_report
 
 from ..cluster import interrupt, machines, runner
@@ -367,10 +366,12 @@ DASK_SETTINGS = {
 
 
 def partition_tasks(pending: list[Piece], settings: TaskSettings | tuple[TaskSettings, ...],
-                    wanted: dict[int, tuple[int, ...]] | None = None) -> dd.DataFrame:
+                    wanted: dict[int, tuple[int, ...]] | None = None) -> "dd.DataFrame":
     """The Dask DataFrame of the job: ``from_map`` reads each piece, ``map_partitions`` tokenizes
     and writes it, for each output (``settings``, one per output) that ``wanted`` lists for it
     (default: all); a row of ``TaskResult`` per output written. Build and compute it under ``DASK_SETTINGS``."""
+    import dask.dataframe as dd  # here: a user error found before the graph is built need not wait for it
+
     read = _first(settings)
     frames = dd.from_map(read_piece, pending, text_column=read.text_column, storage_options=read.storage_options,
                          on_bad_file=read.on_bad_file, meta=FRAME_META, enforce_metadata=False)
