@@ -140,14 +140,15 @@ def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable
     lane_of_key: dict = {}
     live: dict = {}
     busy: dict[Lane, int] = {}
-    first: list[int] = []  # the first chunk's size, asked of the cluster once
+    first: int | None = None  # the first chunk's size, asked of the cluster once
 
     def chunks(batch: list, lane: Lane | None) -> Iterable[list]:
+        nonlocal first
         if lane is not None:
             return [batch]
-        if not first:
-            first.append(first_chunk(client))
-        return growing_chunks(batch, first=first[0])
+        if first is None:
+            first = first_chunk(client)
+        return growing_chunks(batch, first=first)
 
     def launch() -> None:
         for lane, waiting in ready.items():
