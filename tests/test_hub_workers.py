@@ -199,3 +199,24 @@ def test_verify_deep_on_a_fresh_cluster_reads_the_sampled_row_groups_from_the_hu
 def _range_bytes(header: str, size: int) -> int:
     first, _, last = header.removeprefix("bytes=").partition("-")
     return (int(last) if last else size - 1) - int(first) + 1
+
+
+
+def test_train_bpe_with_workers_fetching_has_each_file_fetched_once(server, machines, cluster, tmp_path):
+    """train-bpe plans like tokenize and counts each file's partitions on the machine it was given
+    to (its ``Lane``): one download per file, and the ranks of a ``--fetch client`` run."""
+    from tokenshards.bpe.train import TrainBpeConfig, run_train_bpe
+
+    address, hf = machines
+    said: list[str] = []
+    run_train_bpe(TrainBpeConfig(inputs=(), hub=_dataset(server, hf / "hub"), out=str(tmp_path / "workers.tiktoken"),
+                                 vocab_size=400, partition_bytes=PARTITION, scheduler=address, progress="none"),
+                  announce=said.append)
+    assert any(re.search(r"sample/10BT: 3 files, .* over 2 machines: ", m) for m in said), said
+    for p in sorted(server.root.glob("sample/10BT/*.parquet")):
+        assert len(server.downloads(p.relative_to(server.root).as_posix())) == 1, p.name
+
+    run_train_bpe(TrainBpeConfig(inputs=(), hub=_dataset(server, tmp_path / "client-hf", fetch="client"),
+                                 out=str(tmp_path / "client.tiktoken"), vocab_size=400, partition_bytes=PARTITION,
+                                 scheduler=cluster.scheduler_address, progress="none"), announce=lambda m: None)
+    assert (tmp_path / "workers.tiktoken").read_bytes() == (tmp_path / "client.tiktoken").read_bytes()

@@ -336,6 +336,31 @@ def test_no_text_is_a_user_error(cluster, tmp_path):
     assert not (tmp_path / "x.tiktoken").exists()
 
 
+def test_an_unreadable_partition_stops_the_count_and_leaves_the_cluster_idle(cluster, tmp_path):
+    """A leaf that fails (page data destroyed, footer intact) ends the run in one line naming the
+    file and row groups; no leaf, tree node or root is left running on the cluster."""
+    import time
+    from distributed import Client
+
+    path = write_parquet(tmp_path / "in" / "bad.parquet", {"text": [f"document {i} with words" for i in range(400)]},
+                         row_group_size=20)
+    raw = bytearray(path.read_bytes())
+    footer = int.from_bytes(raw[-8:-4], "little") + 8
+    raw[8:len(raw) - footer - 8] = b"\xff" * (len(raw) - footer - 16)
+    path.write_bytes(bytes(raw))
+    config = TrainBpeConfig(inputs=(str(path),), out=str(tmp_path / "x.tiktoken"), scheduler=cluster.scheduler_address,
+                            partition_bytes=1_000, progress="none")
+    with pytest.raises(UserError, match=r"bad\.parquet: row groups \d+\.\.\d+ unreadable \(.*\); re-download the "
+                                        r"file or leave it out of the inputs$"):
+        run_train_bpe(config, announce=lambda msg: None)
+    with Client(cluster.scheduler_address) as client:
+        deadline = time.monotonic() + 10
+        while client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0
+    assert not (tmp_path / "x.tiktoken").exists()
+
+
 # -- the command line --
 
 def test_cli_trains_and_prints_summary(corpus, cluster, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -131,25 +131,47 @@ def combine_counted(*parts: Counted, min_count: int = 1, heldout_budget: int) ->
 
 def count_on_cluster(client: Client, pieces: list[Piece], *, pat_str: str, text_column: str, storage_options: dict,
                      min_count: int, holdout_every: int, heldout_bytes: int, split_every: int = 8, retries: int = 2,
+                     lane_of: Callable[[Piece], runner.Lane | None] = lambda piece: None,
                      progress: Progress | None = None) -> Counted:
-    """Count every piece and combine the tables in a tree on the workers; only the root comes back."""
+    """Count every piece and combine the tables in a tree on the workers; only the root comes back.
+
+    Pieces kept in a ``Lane`` (``lane_of``: a ``--fetch workers`` file's machine) go there as it has
+    free threads, so the tree is built as its leaves are submitted: each block of ``split_every``
+    consecutive leaves gets its node once all of them exist, the same tree as if all went at once."""
     if not pieces:
         raise ValueError("count_on_cluster needs at least one piece")
     per_piece = max(heldout_bytes // len(pieces), 1)
-    leaves = runner.submit(client, count_piece, pieces, pat_str=pat_str, text_column=text_column,
-                           storage_options=storage_options, holdout_every=holdout_every, heldout_budget=per_piece,
-                           retries=retries)
-    root = runner.reduce_tree(client, leaves, combine_counted, fan_in=split_every, heldout_budget=heldout_bytes,
-                              root_kwargs={"min_count": min_count}, retries=retries)
+    place = {p.index: i for i, p in enumerate(pieces)}
+    waiting: dict[int, object] = {}  # place -> leaf future, until its block's node holds it
+    nodes: dict[int, object] = {}  # block -> node future
+
+    def submit(batch: list[Piece], lane: runner.Lane | None) -> list:
+        leaves = runner.submit(client, count_piece, batch, pat_str=pat_str, text_column=text_column,
+                               storage_options=storage_options, holdout_every=holdout_every, heldout_budget=per_piece,
+                               retries=retries, **(lane.restrictions() if lane is not None else {}))
+        for piece, leaf in zip(batch, leaves):
+            waiting[place[piece.index]] = leaf
+        for block in sorted({place[piece.index] // split_every for piece in batch}):
+            spots = range(block * split_every, min((block + 1) * split_every, len(pieces)))
+            if all(spot in waiting for spot in spots):
+                nodes[block] = client.submit(combine_counted, *[waiting.pop(spot) for spot in spots], pure=False,
+                                             retries=retries, heldout_budget=heldout_bytes)
+        return leaves
+
+    root = None
     try:
         # Each leaf's result stays on the workers for its tree node; here only its progress counts.
-        for _ in runner.each_result(client, leaves, pieces, explain=runner.failure(_describe_piece), progress=progress,
-                                    amount=lambda piece, _: piece.text_bytes, fetch=False):
+        for _ in runner.each_result_as_ready(client, pieces, submit, lane_of=lane_of,
+                                             explain=runner.failure(_describe_piece), progress=progress,
+                                             amount=lambda piece, _: piece.text_bytes, fetch=False):
             pass
+        root = runner.reduce_tree(client, [nodes[block] for block in sorted(nodes)], combine_counted,
+                                  fan_in=split_every, heldout_budget=heldout_bytes,
+                                  root_kwargs={"min_count": min_count}, retries=retries)
         return runner.result_of(client, root, explain=lambda e: UserError(f"combining pre-token counts failed: "
                                                                           f"{type(e).__name__}: {e}"))
     except BaseException:
-        client.cancel([root])
+        client.cancel([*nodes.values(), *waiting.values(), *([root] if root is not None else [])])
         raise
 
 

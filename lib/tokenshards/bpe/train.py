@@ -6,6 +6,7 @@ data structures. The result is checked (``ranks.problems``, round trips) before 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from ..cluster import runner
 from ..cluster import machines
 from ..cluster.options import RunOptions
 from ..cluster.progress import Progress, human
-from ..errors import UserError
+from ..errors import InputError, UserError
 from ..storage.hubspec import HubDataset
 from ..tokenize import corpus
 from ..tokenize.plan import Piece
@@ -127,6 +128,16 @@ def select_sample(pieces: list[Piece], sample_bytes: int | None) -> list[Piece]:
     return [pieces[i * len(pieces) // k] for i in range(k)]
 
 
+@contextlib.contextmanager
+def _advice_for_train_bpe():
+    """An unreadable input's message, shared with tokenize, suggests ``--on-bad-file skip``,
+    which train-bpe does not take: it says what train-bpe users can do instead."""
+    try:
+        yield
+    except InputError as e:
+        raise InputError(str(e).replace("or pass --on-bad-file skip", "or leave it out of the inputs")) from e
+
+
 def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = print) -> TrainSummary:
     """Train, check and write a vocabulary; raises ``UserError`` for anything the user can fix."""
     t0 = time.perf_counter()
@@ -144,7 +155,8 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
     inputs = corpus.open_inputs(sources, hub=config.hub, options=config, announce=announce)
 
     with runner.connect_to(config, announce=announce,
-                           local_paths=machines.reading_inputs(config.inputs, [s.url for s in sources])) as client:
+                           local_paths=machines.reading_inputs(config.inputs, [s.url for s in sources])) as client, \
+            _advice_for_train_bpe():
         plan = corpus.plan(client, inputs, text_column=config.text_column, id_column=None,
                            storage_options=config.storage_options, partition_bytes=config.partition_bytes,
                            announce=announce)
@@ -161,6 +173,7 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         counted = count_on_cluster(client, chosen, pat_str=pat_str, text_column=config.text_column,
                                    storage_options=config.storage_options, min_count=config.min_count,
                                    holdout_every=config.holdout_every, heldout_bytes=config.heldout_bytes,
+                                   lane_of=lambda piece: inputs.lane_of(piece.input),
                                    progress=Progress(len(chosen), mode=config.progress, label="counting: ", amount="B"))
         count_seconds = time.perf_counter() - t_count
     if not counted.docs:

@@ -116,9 +116,11 @@ def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable
                          waiting_for: Callable[[Item], Hashable | None] = lambda item: None,
                          arrivals: Iterable[Hashable] = (), lane_of: Callable[[Item], Lane | None] = lambda item: None,
                          progress: Progress | None = None,
-                         amount: Callable[[Item, Any], int] = lambda item, result: 0) -> Iterator[tuple[Item, Any]]:
+                         amount: Callable[[Item, Any], int] = lambda item, result: 0,
+                         fetch: bool = True) -> Iterator[tuple[Item, Any]]:
     """``each_result`` for work whose items may not all go at once: some wait for their input to
-    arrive, some are kept in a ``Lane``.
+    arrive, some are kept in a ``Lane``. ``fetch=False`` yields None for each finished item and
+    leaves its result on the workers, for the futures the caller kept from ``submit``.
 
     ``submit(batch, lane)`` returns one future per item. An item whose ``waiting_for(item)`` is
     None is ready at once, the others when ``arrivals`` (iterated on a thread of its own: it may
@@ -206,12 +208,13 @@ def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable
                 if lane is not None:
                     busy[lane] -= 1
                 item = item_of.pop(future.key)
-                result = _result(future, item, explain)
+                result = _result(future, item, explain) if fetch or future.status == "error" else None
                 yield item, result
                 interrupt.check()
                 if progress is not None:
                     progress.update(amount(item, result))
-                future.release()
+                if fetch:
+                    future.release()
             launch()
     except BaseException:
         client.cancel(list(live.values()))
