@@ -83,9 +83,8 @@ class HubCacheFileSystem(AbstractFileSystem):
         listing = HubListing(repo=repo, revision=commit, commit=commit, folder=entry.ds.folder, files=(f,))
         return entry, listing, f
 
-    def _local(self, path: str) -> str | None:
+    def _local(self, entry: Registered, listing: HubListing, f: HubFile) -> str | None:
         """This machine's copy, downloaded first if the entry fetches; None: read it from the Hub."""
-        entry, listing, f = self._entry(path)
         if entry.fetch:
             return fetch_file(entry.ds, listing.repo, listing.commit, f)
         return str(local_path(entry.ds, listing, f)) if is_present(entry.ds, listing, f) else None
@@ -96,11 +95,12 @@ class HubCacheFileSystem(AbstractFileSystem):
 
     def info(self, path, **kwargs):
         """Size, and the etag its copy here is known by (a cache blob's name, or the etag a download
-        folder's record vouches for): ``store.file_identity`` of it is ``reference_identity``."""
-        local = self._local(path)
-        if local is None:  # read from the Hub at a pinned commit: the listed file, which cannot change
-            _, _, f = self._entry(path)
-            return {"name": path, "size": f.size, "type": "file", "etag": f.etag}
+        folder's record vouches for): ``store.file_identity`` of it is ``reference_identity``. A
+        file read from the Hub at a pinned commit cannot change: its identity is the listed one."""
+        entry, listing, f = self._entry(path)
+        local = self._local(entry, listing, f)
+        if local is None:
+            return {"name": path, "type": "file", **dict(reference_identity(f))}
         local = dict(file_identity(LocalFileSystem(), local))
         found = {"name": path, "size": local["size"], "type": "file"}
         if "blob" in local:
@@ -110,10 +110,10 @@ class HubCacheFileSystem(AbstractFileSystem):
     def _open(self, path, mode="rb", **kwargs):
         if mode != "rb":
             raise PermissionError(f"{PROTOCOL}:// is read-only")
-        local = self._local(path)
+        entry, listing, f = self._entry(path)
+        local = self._local(entry, listing, f)
         if local is not None:
             return open(local, "rb")
-        entry, listing, f = self._entry(path)
         hub = HfFileSystem(endpoint=entry.ds.hub_endpoint)
         # No read-ahead: Arrow asks for exactly the footer and column chunks it needs, each one range.
         return hub.open(f"datasets/{listing.repo}@{listing.commit}/{f.path}", "rb", size=f.size, cache_type="none")
