@@ -269,8 +269,9 @@ _WAITS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tokenshards-write
 
 
 class _LocalWrite(PendingWrite):
-    """A temporary file beside ``path``, its bytes written; renamed over ``path`` after an fsync. (Local writes stay on the calling thread: handing one to a thread
-    cost more CPU than it saved, 0.96 against 0.64 ms at 20 KB, measured here.)"""
+    """A temporary file beside ``path``, its bytes written; renamed over ``path`` after an fsync.
+    (Local writes stay on the calling thread: handing one to a thread cost more CPU than it saved,
+    0.96 against 0.64 ms at 20 KB, measured here.)"""
 
     def __init__(self, path: str, data: bytes):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
