@@ -19,16 +19,46 @@ import shutil
 import tempfile
 import time
 
-STEPS = {
-    # step: the functions (file suffix, function name) whose cumulative CPU it adds up.
-    "parquet decode": [("parquet/core.py", "read_row_groups"), ("parquet/core.py", "__init__")],
-    "UTF-8 validation": [("task.py", "_null_invalid_utf8")],
-    "spot check (tiktoken)": [("backends.py", "_check")],
-    "tokenizer": [("backends.py", "encode_arrow"), ("backends.py", "encode_many")],
-    "eot placement": [("core.py", "_assemble")],
-    "file bytes + sha256": [("v1.py", "partition_files")],
-    "write + fsync + commit": [("task.py", "_commit")],
-}
+def steps() -> dict[str, list[tuple]]:
+    """step: the functions whose cumulative CPU it adds up, each as (function, caller or None).
+    Named as objects, not by text: a function renamed or moved stops this script at import
+    instead of reporting 0% for its step (the writes read 0.0% for a while after ``task._commit``
+    became ``begin_write`` + ``finish``)."""
+    import pyarrow.parquet as pq
+
+    from tokenshards.encoding import backends
+    from tokenshards.format import v1
+    from tokenshards.storage import store
+    from tokenshards.tokenize import core, task
+
+    return {
+        "parquet decode": [(pq.ParquetFile.read_row_groups, None), (pq.ParquetFile.__init__, None)],
+        "UTF-8 validation": [(task._null_invalid_utf8, None)],
+        "spot check (tiktoken)": [(backends.CheckedBackend._check, None)],
+        "tokenizer": [(backends.GigatokenBackend.encode_arrow, None), (backends.GigatokenBackend.encode_many, None),
+                      (backends.SplintrBackend.encode_many, None), (backends.TiktokenBackend.encode_many, None)],
+        "eot placement": [(core._assemble, None)],
+        "file bytes + sha256": [(v1.npy_bytes, task.write_outputs), (v1.partition_files, None)],
+        # The tokens file is begun, then finished by the task; the docs file and the done record
+        # are written whole (``write_atomic``, whose own ``finish`` is inside its figure).
+        "write + fsync + commit": [(store.begin_write, None), (store.write_atomic, None),
+                                   (store._LocalWrite.finish, task.write_outputs)],
+    }
+
+
+def cumulative_cpu(stats: dict, function, caller=None) -> float:
+    """The CPU ``function`` took, callees included (all calls, or only those from ``caller``)."""
+    key = _key(function)
+    if key not in stats:
+        return 0.0  # not called in this run (another backend's, say)
+    if caller is None:
+        return stats[key][3]
+    return stats[key][4].get(_key(caller), (0, 0, 0.0, 0.0))[3]
+
+
+def _key(function) -> tuple:
+    code = function.__code__
+    return code.co_filename, code.co_firstlineno, code.co_name
 
 
 def main() -> None:
@@ -69,11 +99,8 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
 
     stats = pstats.Stats(profile).stats
-    shares: dict[str, float] = {}
-    for step, wanted in STEPS.items():
-        for suffix, name in wanted:
-            found = [v[3] for (path, _, fn), v in stats.items() if path.endswith(suffix) and fn == name]
-            shares[step] = shares.get(step, 0.0) + max(found, default=0.0)
+    shares = {step: sum(cumulative_cpu(stats, function, caller) for function, caller in wanted)
+              for step, wanted in steps().items()}
     print(f"{len(pieces)} partitions, {total / 1e6:.0f} MB of text, {tokens / 1e6:.1f} M tokens, "
           f"{tokens / cpu / 1e6:.1f} M tokens per CPU second ({choice.name})")
     for step, seconds in sorted(shares.items(), key=lambda kv: -kv[1]):
