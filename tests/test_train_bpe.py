@@ -336,22 +336,36 @@ def test_no_text_is_a_user_error(cluster, tmp_path):
     assert not (tmp_path / "x.tiktoken").exists()
 
 
+def _destroy_pages(path: Path) -> Path:
+    """The file's page data overwritten, its footer intact: planned, then unreadable in every task."""
+    raw = bytearray(path.read_bytes())
+    footer = int.from_bytes(raw[-8:-4], "little") + 8
+    raw[8:len(raw) - footer - 8] = b"\xff" * (len(raw) - footer - 16)
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def _not_utf8(path: Path, texts: list, bad_rows: set[int]) -> Path:
+    """A parquet string column whose ``bad_rows`` hold bytes that are not UTF-8 (as some writers leave)."""
+    raw = [b"caf\xe9 \xff" if i in bad_rows else (t.encode() if t is not None else None) for i, t in enumerate(texts)]
+    binary = pa.array(raw, pa.binary())
+    pq.write_table(pa.table({"text": pa.Array.from_buffers(pa.string(), len(raw), binary.buffers())}), path,
+                   row_group_size=25)
+    return path
+
+
 def test_an_unreadable_partition_stops_the_count_and_leaves_the_cluster_idle(cluster, tmp_path):
     """A leaf that fails (page data destroyed, footer intact) ends the run in one line naming the
     file and row groups; no leaf, tree node or root is left running on the cluster."""
     import time
     from distributed import Client
 
-    path = write_parquet(tmp_path / "in" / "bad.parquet", {"text": [f"document {i} with words" for i in range(400)]},
-                         row_group_size=20)
-    raw = bytearray(path.read_bytes())
-    footer = int.from_bytes(raw[-8:-4], "little") + 8
-    raw[8:len(raw) - footer - 8] = b"\xff" * (len(raw) - footer - 16)
-    path.write_bytes(bytes(raw))
+    path = _destroy_pages(write_parquet(tmp_path / "in" / "bad.parquet",
+                                        {"text": [f"document {i} with words" for i in range(400)]}, row_group_size=20))
     config = TrainBpeConfig(inputs=(str(path),), out=str(tmp_path / "x.tiktoken"), scheduler=cluster.scheduler_address,
                             partition_bytes=1_000, progress="none")
     with pytest.raises(UserError, match=r"bad\.parquet: row groups \d+\.\.\d+ unreadable \(.*\); re-download the "
-                                        r"file or leave it out of the inputs$"):
+                                        r"file or pass --on-bad-file skip$"):
         run_train_bpe(config, announce=lambda msg: None)
     with Client(cluster.scheduler_address) as client:
         deadline = time.monotonic() + 10
@@ -359,6 +373,55 @@ def test_an_unreadable_partition_stops_the_count_and_leaves_the_cluster_idle(clu
             time.sleep(0.1)
         assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0
     assert not (tmp_path / "x.tiktoken").exists()
+
+
+def test_text_that_is_not_utf8_is_a_one_line_error_naming_the_row(cluster, tmp_path):
+    rng = random.Random(3)
+    path = _not_utf8(tmp_path / "latin1.parquet", [_doc(rng) for _ in range(60)], {37})
+    config = TrainBpeConfig(inputs=(str(path),), out=str(tmp_path / "x.tiktoken"), scheduler=cluster.scheduler_address,
+                            progress="none")
+    with pytest.raises(UserError, match=r"^\S*latin1\.parquet: partition 0, row 37: column 'text' is not valid UTF-8; "
+                                        r"fix the file, or pass --on-bad-file skip to skip such rows$"):
+        run_train_bpe(config, announce=lambda msg: None)
+    assert not (tmp_path / "x.tiktoken").exists()
+
+
+def test_skipping_bad_input_trains_on_the_rest_as_if_it_were_absent(cluster, tmp_path):
+    """--on-bad-file skip: an unreadable file, a file whose partitions cannot be read and rows that
+    are not UTF-8 are left out, said, and recorded; the ranks are those of the readable text alone
+    (the bad rows as nulls, so the held-back rows stay the same)."""
+    rng = random.Random(5)
+    good = [_doc(rng) for _ in range(250)]
+    mixed = [_doc(rng) for _ in range(250)]
+    bad_rows = {3, 120, 121}
+    (tmp_path / "in").mkdir()
+    write_parquet(tmp_path / "in" / "0-good.parquet", {"text": good}, row_group_size=25)
+    _not_utf8(tmp_path / "in" / "1-mixed.parquet", mixed, bad_rows)
+    _destroy_pages(write_parquet(tmp_path / "in" / "2-pages.parquet", {"text": [_doc(rng) for _ in range(250)]},
+                                 row_group_size=25))
+    (tmp_path / "in" / "3-footer.parquet").write_bytes(b"PAR1 not a parquet file at all")
+    (tmp_path / "want").mkdir()
+    write_parquet(tmp_path / "want" / "0-good.parquet", {"text": good}, row_group_size=25)
+    write_parquet(tmp_path / "want" / "1-mixed.parquet",
+                  {"text": [None if i in bad_rows else t for i, t in enumerate(mixed)]}, row_group_size=25)
+
+    said: list[str] = []
+    out, want = tmp_path / "skip.tiktoken", tmp_path / "want.tiktoken"
+    run_train_bpe(TrainBpeConfig(inputs=(str(tmp_path / "in"),), out=str(out), vocab_size=500, on_bad_file="skip",
+                                 partition_bytes=5_000, scheduler=cluster.scheduler_address, progress="none"),
+                  announce=said.append)
+    run_train_bpe(TrainBpeConfig(inputs=(str(tmp_path / "want"),), out=str(want), vocab_size=500,
+                                 partition_bytes=5_000, scheduler=cluster.scheduler_address, progress="none"),
+                  announce=lambda msg: None)
+    assert out.read_bytes() == want.read_bytes()
+    skipped = json.loads(out.with_name(out.name + ".json").read_text())["training"]["skipped"]
+    assert [i["url"].rsplit("/", 1)[-1] for i in skipped["inputs"]] == ["3-footer.parquet"]
+    assert skipped["invalid_rows"] == len(bad_rows) and skipped["partitions"] > 1
+    assert any(line.startswith("skipping unreadable input: ") and "3-footer.parquet" in line for line in said), said
+    partitions = [line for line in said if line.startswith("skipped an unreadable partition: ")]
+    assert len(partitions) == skipped["partitions"] and all("2-pages.parquet: row groups" in p for p in partitions)
+    assert not any("--on-bad-file skip" in line for line in said), said  # never suggests the flag already given
+    assert "skipped 3 rows whose text is not valid UTF-8" in said
 
 
 # -- the command line --
@@ -369,8 +432,9 @@ def test_cli_trains_and_prints_summary(corpus, cluster, tmp_path):
     config.write_text(f"kind: scheduler\naddress: {cluster.scheduler_address}\n")
     proc = subprocess.run([TOKENSHARDS, "train-bpe", "--input", str(corpus), "--out", str(out), "--vocab-size", "400",
                            "--special", "<|pad|>", "--pattern", "cl100k", "--cluster", str(config),
-                           "--progress", "log"], capture_output=True, text=True, timeout=120)
+                           "--progress", "log", "--on-bad-file", "skip"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+    assert "skipped" not in proc.stderr  # nothing to skip in a clean corpus
     assert "counting: partitions 2/2" in proc.stderr and "merges/s" in proc.stderr
     assert f"done: {out}, n_vocab 400" in proc.stdout and "bytes/token on" in proc.stdout
     meta = json.loads(Path(str(out) + ".json").read_text())

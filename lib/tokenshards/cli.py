@@ -102,8 +102,7 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--id-column", help="column of document ids (default: `id` when present, else FILE:ROW)")
     p.add_argument("--partition-mb", type=float, default=None,
                    help="text per partition in MB (default: 8.4, more for corpora over ~137 GB of text)")
-    p.add_argument("--on-bad-file", default="fail", choices=["fail", "skip"],
-                   help="an unreadable input fails the job (default) or is skipped and recorded in the manifest")
+    _add_on_bad_file_argument(p, "recorded in the manifest")
     p.add_argument("--overwrite", action="store_true", help="replace a different earlier run in --out")
     p.add_argument("--add", action="store_true",
                    help="grow the finished run in --out with the inputs it lacks; its partitions stay as they are")
@@ -119,6 +118,12 @@ def _add_tokenize(sub) -> None:
                         "default auto: client on a local cluster or when every worker sees this machine's download "
                         "folder, else workers (one line says which and why)")
     p.set_defaults(run=_run_tokenize)
+
+
+def _add_on_bad_file_argument(p, recorded: str) -> None:
+    p.add_argument("--on-bad-file", default="fail", choices=["fail", "skip"],
+                   help=f"an unreadable input, or text that is not UTF-8, fails the job (default) or is skipped, "
+                        f"said and {recorded}")
 
 
 def _add_hub_arguments(p) -> None:
@@ -241,6 +246,7 @@ def _add_train_bpe(sub) -> None:
                    help="count only about N bytes of text: whole partitions spread evenly over the corpus (e.g. 2G)")
     p.add_argument("--min-count", type=int, default=1, help="drop pre-tokens seen fewer times (default 1: keep all)")
     p.add_argument("--text-column", default="text")
+    _add_on_bad_file_argument(p, "recorded in the sidecar FILE.tiktoken.json")
     _add_cluster_arguments(p)
     p.add_argument("--partition-mb", type=float, default=None,
                    help="text per partition in MB (default: as tokenize chooses, 8 MiB or more for huge corpora)")
@@ -254,7 +260,8 @@ def _run_train_bpe(args) -> int:
 
     config = TrainBpeConfig(
         out=args.out, vocab_size=args.vocab_size, specials=tuple(args.special), pattern=args.pattern,
-        sample_bytes=args.sample_bytes, min_count=args.min_count, **_corpus_options(args), **_run_options(args),
+        sample_bytes=args.sample_bytes, min_count=args.min_count, on_bad_file=args.on_bad_file,
+        **_corpus_options(args), **_run_options(args),
     )
     return _print_lines(run_train_bpe(config, announce=_say))
 

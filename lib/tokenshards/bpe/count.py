@@ -22,7 +22,7 @@ from distributed import Client
 from ..cluster import runner
 from ..cluster.progress import Progress
 from ..errors import UserError
-from ..tokenize.task import read_piece
+from ..tokenize.task import piece_columns, read_piece, unreadable_reason, utf8_or_null
 from ..tokenize.plan import Piece
 
 # tiktoken's own split patterns (tiktoken_ext/openai_public.py), copied because tiktoken builds
@@ -44,6 +44,15 @@ class Counted:
     docs: int
     heldout: tuple[str, ...] = field(default=())
     """Held-back documents, never counted: compression is measured on them."""
+    unreadable: int = 0
+    """Partitions skipped as unreadable (``--on-bad-file skip``)."""
+    unreadable_reasons: tuple[str, ...] = field(default=())
+    """Why, for the first ``MAX_LISTED`` of them: what reaches the client stays small."""
+    skipped_invalid: int = 0
+    """Rows skipped because their text is not UTF-8 (``--on-bad-file skip``)."""
+
+
+MAX_LISTED = 20
 
 
 def resolve_pattern(spec: str) -> tuple[str, str]:
@@ -105,32 +114,41 @@ def _trim_heldout(texts: Iterable[str], budget: int) -> tuple[str, ...]:
 
 
 def count_piece(piece: Piece, *, pat_str: str, text_column: str, storage_options: dict,
-                holdout_every: int, heldout_budget: int) -> Counted:
-    """One task: read the piece, hold back every ``holdout_every``-th row, count the rest."""
-    frame = read_piece(piece, text_column=text_column, storage_options=storage_options)
-    texts = pa.array(frame["text"]).to_pylist()
-    rows = frame["row"].to_numpy().tolist()
+                holdout_every: int, heldout_budget: int, on_bad_file: str = "fail") -> Counted:
+    """One task: read the piece, hold back every ``holdout_every``-th row, count the rest. An
+    unreadable piece or text that is not UTF-8 fails it, or (``on_bad_file="skip"``) is left out
+    and counted as such, as ``tokenize`` does."""
+    frame = read_piece(piece, text_column=text_column, storage_options=storage_options, on_bad_file=on_bad_file)
+    rows, ids, text = piece_columns(frame)
+    unreadable = unreadable_reason(rows, ids)
+    if unreadable is not None:
+        return Counted(table=SCHEMA.empty_table(), text_bytes=0, docs=0, unreadable=1, unreadable_reasons=(unreadable,))
+    text, invalid = utf8_or_null(text, rows, piece, text_column=text_column, on_bad_file=on_bad_file)
     train, heldout = [], []
-    for row, text in zip(rows, texts):
-        if not text:
+    for row, doc in zip(rows.tolist(), text.to_pylist()):
+        if not doc:
             continue
         if holdout_every and row % holdout_every == holdout_every - 1:
-            heldout.append(text)
+            heldout.append(doc)
         else:
-            train.append(text)
+            train.append(doc)
     return Counted(table=count_texts(train, pat_str=pat_str), text_bytes=sum(len(t.encode()) for t in train),
-                   docs=len(train), heldout=_trim_heldout(heldout, heldout_budget))
+                   docs=len(train), heldout=_trim_heldout(heldout, heldout_budget), skipped_invalid=len(invalid))
 
 
 def combine_counted(*parts: Counted, min_count: int = 1, heldout_budget: int) -> Counted:
     """One tree node: a few tables in, one table out (on a worker)."""
     return Counted(table=combine_tables([p.table for p in parts], min_count=min_count),
                    text_bytes=sum(p.text_bytes for p in parts), docs=sum(p.docs for p in parts),
-                   heldout=_trim_heldout((t for p in parts for t in p.heldout), heldout_budget))
+                   heldout=_trim_heldout((t for p in parts for t in p.heldout), heldout_budget),
+                   unreadable=sum(p.unreadable for p in parts),
+                   unreadable_reasons=tuple(r for p in parts for r in p.unreadable_reasons)[:MAX_LISTED],
+                   skipped_invalid=sum(p.skipped_invalid for p in parts))
 
 
 def count_on_cluster(client: Client, pieces: list[Piece], *, pat_str: str, text_column: str, storage_options: dict,
-                     min_count: int, holdout_every: int, heldout_bytes: int, split_every: int = 8, retries: int = 2,
+                     min_count: int, holdout_every: int, heldout_bytes: int, on_bad_file: str = "fail",
+                     split_every: int = 8, retries: int = 2,
                      lane_of: Callable[[Piece], runner.Lane | None] = lambda piece: None,
                      progress: Progress | None = None) -> Counted:
     """Count every piece and combine the tables in a tree on the workers; only the root comes back.
@@ -148,7 +166,7 @@ def count_on_cluster(client: Client, pieces: list[Piece], *, pat_str: str, text_
     def submit(batch: list[Piece], lane: runner.Lane | None) -> list:
         leaves = runner.submit(client, count_piece, batch, pat_str=pat_str, text_column=text_column,
                                storage_options=storage_options, holdout_every=holdout_every, heldout_budget=per_piece,
-                               retries=retries, **(lane.restrictions() if lane is not None else {}))
+                               on_bad_file=on_bad_file, retries=retries, **(lane.restrictions() if lane is not None else {}))
         for piece, leaf in zip(batch, leaves):
             waiting[place[piece.index]] = leaf
         for block in sorted({place[piece.index] // split_every for piece in batch}):

@@ -6,7 +6,6 @@ data structures. The result is checked (``ranks.problems``, round trips) before 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass
@@ -18,9 +17,11 @@ from ..cluster import runner
 from ..cluster import machines
 from ..cluster.options import RunOptions
 from ..cluster.progress import Progress, human
-from ..errors import InputError, UserError
+from ..errors import UserError
 from ..storage.hubspec import HubDataset
 from ..tokenize import corpus
+from ..tokenize.config import ON_BAD_FILE
+from ..wording import counted as counted_as
 from ..tokenize.plan import Piece
 from ..encoding import ranks as ranks_io
 from .count import count_on_cluster, resolve_pattern
@@ -50,6 +51,10 @@ class TrainBpeConfig(RunOptions):
     """At most this much held-back text reaches the client to measure compression."""
     hub: HubDataset | None = None
     """``--dataset/--size``: a Hub sample, downloaded like ``tokenize`` does (added to ``inputs``)."""
+    on_bad_file: str = "fail"
+    """An unreadable file or partition, or text that is not UTF-8, fails the run, or (``skip``) is
+    left out of the count, said, and recorded in the sidecar, as in ``tokenize``."""
+
     def __post_init__(self):
         super().__post_init__()
         if not self.inputs and self.hub is None:
@@ -60,6 +65,8 @@ class TrainBpeConfig(RunOptions):
         if self.vocab_size < 256 + len(self.special_tokens):
             raise UserError(f"--vocab-size {self.vocab_size} is too small: it counts the 256 single bytes and the "
                             f"{len(self.special_tokens)} special tokens; pass at least {256 + len(self.special_tokens)}")
+        if self.on_bad_file not in ON_BAD_FILE:
+            raise UserError(f"--on-bad-file {self.on_bad_file!r} not supported, expected one of {ON_BAD_FILE}")
         if self.min_count < 1:
             raise UserError(f"--min-count {self.min_count} must be at least 1")
         if self.sample_bytes is not None and self.sample_bytes < 1:
@@ -128,14 +135,14 @@ def select_sample(pieces: list[Piece], sample_bytes: int | None) -> list[Piece]:
     return [pieces[i * len(pieces) // k] for i in range(k)]
 
 
-@contextlib.contextmanager
-def _advice_for_train_bpe():
-    """An unreadable input's message, shared with tokenize, suggests ``--on-bad-file skip``,
-    which train-bpe does not take: it says what train-bpe users can do instead."""
-    try:
-        yield
-    except InputError as e:
-        raise InputError(str(e).replace("or pass --on-bad-file skip", "or leave it out of the inputs")) from e
+def _announce_skipped(counted, *, announce: Callable[[str], None]) -> None:
+    """What ``--on-bad-file skip`` left out of the count (files unreadable at planning are said then)."""
+    for reason in counted.unreadable_reasons:
+        announce(f"skipped an unreadable partition: {reason}")
+    if counted.unreadable > len(counted.unreadable_reasons):
+        announce(f"skipped {counted_as(counted.unreadable - len(counted.unreadable_reasons), 'more unreadable partition')}")
+    if counted.skipped_invalid:
+        announce(f"skipped {counted_as(counted.skipped_invalid, 'row')} whose text is not valid UTF-8")
 
 
 def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = print) -> TrainSummary:
@@ -155,11 +162,10 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
     inputs = corpus.open_inputs(sources, hub=config.hub, options=config, announce=announce)
 
     with runner.connect_to(config, announce=announce,
-                           local_paths=machines.reading_inputs(config.inputs, [s.url for s in sources])) as client, \
-            _advice_for_train_bpe():
+                           local_paths=machines.reading_inputs(config.inputs, [s.url for s in sources])) as client:
         plan = corpus.plan(client, inputs, text_column=config.text_column, id_column=None,
                            storage_options=config.storage_options, partition_bytes=config.partition_bytes,
-                           announce=announce)
+                           on_bad_file=config.on_bad_file, announce=announce)
         files, pieces, sources = plan.files, plan.pieces, plan.sources
         chosen = select_sample(pieces, config.sample_bytes)
         if not chosen:
@@ -173,9 +179,10 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         counted = count_on_cluster(client, chosen, pat_str=pat_str, text_column=config.text_column,
                                    storage_options=config.storage_options, min_count=config.min_count,
                                    holdout_every=config.holdout_every, heldout_bytes=config.heldout_bytes,
-                                   lane_of=lambda piece: inputs.lane_of(piece.input),
+                                   on_bad_file=config.on_bad_file, lane_of=lambda piece: inputs.lane_of(piece.input),
                                    progress=Progress(len(chosen), mode=config.progress, label="counting: ", amount="B"))
         count_seconds = time.perf_counter() - t_count
+    _announce_skipped(counted, announce=announce)
     if not counted.docs:
         raise UserError(f"no text to train on: every row of the {len(chosen)} partitions counted was null, empty or held back; "
                         f"check --text-column ({config.text_column!r}) and the inputs")
@@ -218,6 +225,9 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
              "unique_pretokens": unique, "min_count": config.min_count, "merges": summary.merges,
              "heldout_bytes": heldout_bytes, "heldout_tokens": heldout_tokens,
              "inputs": [f.url for f in files]}
+    if plan.unreadable or counted.unreadable or counted.skipped_invalid:  # only under --on-bad-file skip
+        stats["skipped"] = {"inputs": [{"url": b.url, "reason": b.reason} for b in plan.unreadable],
+                            "partitions": counted.unreadable, "invalid_rows": counted.skipped_invalid}
     ranks_io.write_trained(config.out, params=params, pattern_name=pattern_name, stats=stats,
                            storage_options=config.storage_options)
     now = time.perf_counter()

@@ -276,6 +276,24 @@ def piece_and_outputs(frame: pd.DataFrame) -> tuple[Piece, tuple[int, ...] | Non
     return piece, outputs
 
 
+def unreadable_reason(rows: np.ndarray, ids: pa.Array | pa.ChunkedArray) -> str | None:
+    """Why ``read_piece`` could not read its piece (its one row under skip), or None: it read it."""
+    return ids[0].as_py() if len(rows) == 1 and rows[0] == UNREADABLE else None
+
+
+def utf8_or_null(text: pa.Array, rows: np.ndarray, piece: Piece, *, text_column: str,
+                 on_bad_file: str) -> tuple[pa.Array, list[int]]:
+    """(text with values that are not UTF-8 made null, their positions) under ``--on-bad-file
+    skip``; else, when there are any, an ``InputError`` naming the first row."""
+    text, invalid = _null_invalid_utf8(text)
+    if invalid and on_bad_file != "skip":
+        more = f" (and {len(invalid) - 1} more rows of this partition)" if len(invalid) > 1 else ""
+        raise InputError(f"{piece.input}: partition {piece.index}, row {int(rows[invalid[0]])}: column "
+                         f"{text_column!r} is not valid UTF-8{more}; fix the file, or pass --on-bad-file skip "
+                         "to skip such rows")
+    return text, invalid
+
+
 def _null_invalid_utf8(text: pa.Array) -> tuple[pa.Array, list[int]]:
     """(text with undecodable values made null, their positions). Parquet writers do not all
     validate UTF-8; Arrow's full validation is one fast pass, the per-row search runs only on failure."""
@@ -309,15 +327,12 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
     and the documents' ids, which no encoding changes, are made once for all of them."""
     started = time.time()
     all_rows, ids, text = piece_columns(frame)
-    if len(all_rows) == 1 and all_rows[0] == UNREADABLE:
-        return [TaskResult(piece=piece, entry=None, unreadable=ids[0].as_py(), started=started, finished=time.time())
+    unreadable = unreadable_reason(all_rows, ids)
+    if unreadable is not None:
+        return [TaskResult(piece=piece, entry=None, unreadable=unreadable, started=started, finished=time.time())
                 for _ in settings]
-    text, invalid = _null_invalid_utf8(text)
-    if invalid and settings[0].on_bad_file != "skip":
-        more = f" (and {len(invalid) - 1} more rows of this partition)" if len(invalid) > 1 else ""
-        raise InputError(f"{piece.input}: partition {piece.index}, row {int(all_rows[invalid[0]])}: column "
-                         f"{settings[0].text_column!r} is not valid UTF-8{more}; fix the file, or pass --on-bad-file skip "
-                         "to skip such rows")
+    text, invalid = utf8_or_null(text, all_rows, piece, text_column=settings[0].text_column,
+                                 on_bad_file=settings[0].on_bad_file)
     all_ids = document_ids(ids, all_rows, piece.name)
     invalid_rows = all_rows[invalid].tolist() if invalid else ()
     results = []
