@@ -69,12 +69,29 @@ def test_skip_records_unreadable_files_and_partitions(tokenize, good, tmp_path, 
     assert set(skipped) == {"broken.parquet", "pages.parquet"}
     assert "not a readable parquet file" in skipped["broken.parquet"]["reason"]
     assert skipped["pages.parquet"]["row_groups"] == [0, 2]
+    # Recorded as why, never with advice to pass the flag this run was given.
+    assert not any("on-bad-file" in s["reason"] or "re-download" in s["reason"] for s in skipped.values()), skipped
     docs = read_documents(out)
     assert {Path(k[0]).name for k in docs} == {"good.parquet"} and summary.docs == 200
     # The skipped partition leaves a gap in the indices that verify accounts for.
     report = run_verify(VerifyConfig(out=str(out), scheduler=cluster.scheduler_address), announce=lambda m: None)
     assert report.ok, report.problems
     assert manifest["planned_partitions"] == len(manifest["partitions"]) + 1
+
+
+def test_an_unreadable_input_error_says_the_skip_flag_and_travels_from_a_worker_whole():
+    """Its message ends with what to do, the skip flag last; its reason (what skip records) has
+    neither; a pickled copy (a worker's error reaching the client) is the same error."""
+    import pickle
+
+    from tokenshards.errors import UnreadableInput
+
+    e = UnreadableInput("f.parquet: row groups 0..3 unreadable (bad page)", "re-download the file")
+    assert str(e) == "f.parquet: row groups 0..3 unreadable (bad page); re-download the file or pass --on-bad-file skip"
+    assert e.reason == "f.parquet: row groups 0..3 unreadable (bad page)"
+    copy = pickle.loads(pickle.dumps(e))
+    assert isinstance(copy, InputError) and (str(copy), copy.reason) == (str(e), e.reason)
+    assert InputError("f.parquet: no text column 'text'").reason == "f.parquet: no text column 'text'"
 
 
 def test_path_matching_nothing(tokenize, tmp_path):

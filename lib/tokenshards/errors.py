@@ -14,6 +14,27 @@ class UserError(Exception):
 class InputError(UserError):
     """An input file (or its schema) is unusable; the message names the file."""
 
+    @property
+    def reason(self) -> str:
+        """What ``--on-bad-file skip`` records and says of the file it leaves out."""
+        return str(self)
+
+
+class UnreadableInput(InputError):
+    """An input, or some of its row groups, that cannot be read: ``--on-bad-file skip`` would
+    leave it out, and the message says so after what to do about it (``fix``). Under skip the
+    ``reason`` is said and recorded without that advice: never suggest the flag already given."""
+
+    def __init__(self, reason: str, fix: str):
+        super().__init__(reason, fix)  # both in args: the error pickles from a worker to the client
+
+    @property
+    def reason(self) -> str:
+        return self.args[0]
+
+    def __str__(self) -> str:
+        return f"{self.args[0]}; {self.args[1]} or pass --on-bad-file skip"
+
 
 class OutputConflict(UserError):
     """OUT already holds a different run; the message says what differs."""

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import dask
 from distributed import Client, performance_report
@@ -29,6 +29,9 @@ from ..cluster.progress import Progress, human
 from ..wording import counted
 from ..storage.lease import Lease
 from ..storage.store import abort_stale_uploads, ensure_writable, file_identity_like, filesystem, is_local, join
+
+if TYPE_CHECKING:
+    import dask.dataframe as dd  # imported where the graph is built: a user's mistake is said before it
 
 
 @dataclass(frozen=True, kw_only=True)

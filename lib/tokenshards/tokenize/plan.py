@@ -12,7 +12,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InputError
+from ..errors import InputError, UnreadableInput
 from ..storage.store import file_identity, filesystem
 
 STRING_TYPES = (pa.string(), pa.large_string(), pa.string_view())
@@ -93,8 +93,8 @@ def input_from_footer(url: str, name: str, footer: Callable[[], tuple[tuple, pq.
         raise InputError(f"{url}: file not found on a worker; workers must see the same path as this machine "
                          "(a shared filesystem, or s3://; for --dataset, --fetch workers)") from e
     except (pa.ArrowException, OSError) as e:
-        raise InputError(f"{url}: not a readable parquet file ({str(e).splitlines()[0]}); re-download or remove it, "
-                         "or pass --on-bad-file skip") from e
+        raise UnreadableInput(f"{url}: not a readable parquet file ({str(e).splitlines()[0]})",
+                              "re-download or remove it,") from e
     if text_column not in schema.names:
         raise InputError(f"{url}: no text column {text_column!r}; columns are {', '.join(schema.names)}"
                          + ("; pass --text-column NAME" if text_column == "text" else ""))
@@ -139,15 +139,8 @@ def _or_bad(url: str, on_bad_file: str, read: Callable[[], InputFile]) -> InputF
         return read()
     except InputError as e:
         if on_bad_file == "skip":
-            return BadInput(url=url, reason=without_skip_hint(str(e)))
+            return BadInput(url=url, reason=e.reason)
         raise
-
-
-def without_skip_hint(message: str) -> str:
-    """A reason recorded under --on-bad-file skip: messages never suggest the flag already given."""
-    for hint in ("; re-download the file or pass --on-bad-file skip", ", or pass --on-bad-file skip", " or pass --on-bad-file skip"):
-        message = message.replace(hint, "")
-    return message
 
 
 def plan_pieces(files: list[InputFile], *, target_bytes: int, first_index: int = 0) -> list[Piece]:

@@ -25,8 +25,8 @@ from distributed.protocol import dask_deserialize, dask_serialize
 from ..format import v1
 from ..format.v1 import PartitionEntry
 from ..encoding.encoders import WorkerEncoder
-from ..errors import InputChanged, InputError
-from .plan import STRING_TYPES, Piece, without_skip_hint
+from ..errors import InputChanged, InputError, UnreadableInput
+from .plan import STRING_TYPES, Piece
 from ..storage.store import begin_write, describe_identity_change, file_identity_like, filesystem, join, write_atomic
 from .core import tokenize_column
 from .footers import WORKER_FOOTERS
@@ -184,7 +184,7 @@ def read_piece(piece: Piece, *, text_column: str, storage_options: dict, on_bad_
             raise
         return pd.DataFrame({
             "row": np.array([UNREADABLE], dtype=np.int64),
-            "id": pd.arrays.ArrowExtensionArray(pa.array([without_skip_hint(str(e))], pa.string())),
+            "id": pd.arrays.ArrowExtensionArray(pa.array([e.reason], pa.string())),
             "text": pd.arrays.ArrowExtensionArray(pa.nulls(1, pa.string())),
         }, copy=False)
 
@@ -228,8 +228,8 @@ def _read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.
             table = parquet.read_row_groups(list(range(*piece.row_groups)), columns=columns, use_threads=False)
     except (pa.ArrowException, OSError) as e:
         _check_unchanged(fs, path, piece)  # a replaced file is not an unreadable one
-        raise InputError(f"{piece.input}: row groups {piece.row_groups[0]}..{piece.row_groups[1] - 1} unreadable "
-                         f"({str(e).splitlines()[0]}); re-download the file or pass --on-bad-file skip") from e
+        raise UnreadableInput(f"{piece.input}: row groups {piece.row_groups[0]}..{piece.row_groups[1] - 1} unreadable "
+                              f"({str(e).splitlines()[0]})", "re-download the file") from e
     _check_unchanged(fs, path, piece)  # after too: a replacement during the read
     if piece.text_bytes > RELEASE_AFTER_BYTES:
         pa.default_memory_pool().release_unused()
