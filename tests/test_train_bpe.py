@@ -424,6 +424,16 @@ def test_skipping_bad_input_trains_on_the_rest_as_if_it_were_absent(cluster, tmp
     assert "skipped 3 rows whose text is not valid UTF-8" in said
 
 
+def test_skipping_every_input_is_a_user_error(cluster, tmp_path):
+    (tmp_path / "broken.parquet").write_bytes(b"garbage")
+    config = TrainBpeConfig(inputs=(str(tmp_path / "broken.parquet"),), out=str(tmp_path / "x.tiktoken"),
+                            on_bad_file="skip", scheduler=cluster.scheduler_address, progress="none")
+    with pytest.raises(UserError, match=r"^every input was skipped as unreadable \(--on-bad-file skip\): nothing is "
+                                        r"left to read$"):
+        run_train_bpe(config, announce=lambda msg: None)
+    assert not (tmp_path / "x.tiktoken").exists()
+
+
 # -- the command line --
 
 def test_cli_trains_and_prints_summary(corpus, cluster, tmp_path):

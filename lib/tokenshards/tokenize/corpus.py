@@ -68,7 +68,7 @@ def plan(client: Client, inputs: Inputs, *, text_column: str, id_column: str | N
     files = [r for r in found if isinstance(r, InputFile)]
     unreadable = [r for r in found if isinstance(r, BadInput)]
     if not files:
-        raise UserError("every input was skipped as unreadable; nothing to tokenize")
+        raise UserError("every input was skipped as unreadable (--on-bad-file skip): nothing is left to read")
     for bad in unreadable:
         announce(f"skipping unreadable input: {bad.reason}")
     size = partition_bytes or auto_partition_bytes(sum(sum(f.row_group_text_bytes) for f in files))
