@@ -87,7 +87,7 @@ def test_an_unreadable_input_error_says_the_skip_flag_and_travels_from_a_worker_
     from tokenshards.errors import UnreadableInput
 
     e = UnreadableInput("f.parquet: row groups 0..3 unreadable (bad page)", "re-download the file")
-    assert str(e) == "f.parquet: row groups 0..3 unreadable (bad page); re-download the file or pass --on-bad-file skip"
+    assert str(e) == "f.parquet: row groups 0..3 unreadable (bad page); re-download the file, or pass --on-bad-file skip"
     assert e.reason == "f.parquet: row groups 0..3 unreadable (bad page)"
     copy = pickle.loads(pickle.dumps(e))
     assert isinstance(copy, InputError) and (str(copy), copy.reason) == (str(e), e.reason)

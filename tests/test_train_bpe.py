@@ -365,7 +365,7 @@ def test_an_unreadable_partition_stops_the_count_and_leaves_the_cluster_idle(clu
     config = TrainBpeConfig(inputs=(str(path),), out=str(tmp_path / "x.tiktoken"), scheduler=cluster.scheduler_address,
                             partition_bytes=1_000, progress="none")
     with pytest.raises(UserError, match=r"bad\.parquet: row groups \d+\.\.\d+ unreadable \(.*\); re-download the "
-                                        r"file or pass --on-bad-file skip$"):
+                                        r"file, or pass --on-bad-file skip$"):
         run_train_bpe(config, announce=lambda msg: None)
     with Client(cluster.scheduler_address) as client:
         deadline = time.monotonic() + 10

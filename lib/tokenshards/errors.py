@@ -33,7 +33,7 @@ class UnreadableInput(InputError):
         return self.args[0]
 
     def __str__(self) -> str:
-        return f"{self.args[0]}; {self.args[1]} or pass --on-bad-file skip"
+        return f"{self.args[0]}; {self.args[1]}, or pass --on-bad-file skip"
 
 
 class OutputConflict(UserError):

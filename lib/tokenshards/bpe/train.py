@@ -21,10 +21,10 @@ from ..errors import UserError
 from ..storage.hubspec import HubDataset
 from ..tokenize import corpus
 from ..tokenize.config import ON_BAD_FILE
-from ..wording import counted as counted_as
 from ..tokenize.plan import Piece
 from ..encoding import ranks as ranks_io
-from .count import count_on_cluster, resolve_pattern
+from ..wording import counted as counted_as
+from .count import Counted, count_on_cluster, resolve_pattern
 from .merge import train_merges
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +135,7 @@ def select_sample(pieces: list[Piece], sample_bytes: int | None) -> list[Piece]:
     return [pieces[i * len(pieces) // k] for i in range(k)]
 
 
-def _announce_skipped(counted, *, announce: Callable[[str], None]) -> None:
+def _announce_skipped(counted: Counted, *, announce: Callable[[str], None]) -> None:
     """What ``--on-bad-file skip`` left out of the count (files unreadable at planning are said then)."""
     for reason in counted.unreadable_reasons:
         announce(f"skipped an unreadable partition: {reason}")

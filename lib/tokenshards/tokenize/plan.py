@@ -94,7 +94,7 @@ def input_from_footer(url: str, name: str, footer: Callable[[], tuple[tuple, pq.
                          "(a shared filesystem, or s3://; for --dataset, --fetch workers)") from e
     except (pa.ArrowException, OSError) as e:
         raise UnreadableInput(f"{url}: not a readable parquet file ({str(e).splitlines()[0]})",
-                              "re-download or remove it,") from e
+                              "re-download or remove it") from e
     if text_column not in schema.names:
         raise InputError(f"{url}: no text column {text_column!r}; columns are {', '.join(schema.names)}"
                          + ("; pass --text-column NAME" if text_column == "text" else ""))
