@@ -77,3 +77,17 @@ def write_parquet(path: Path, columns: dict, *, row_group_size: int | None = Non
     table = pa.table(columns, schema=schema)
     pq.write_table(table, path, row_group_size=row_group_size)
     return path
+
+
+def not_utf8(texts: list[bytes | None]) -> pa.Array:
+    """A string column holding invalid UTF-8, as some parquet writers produce (Arrow's view skips validation)."""
+    return pa.array(texts, pa.binary()).view(pa.string())
+
+
+def corrupt_data_pages(path: Path) -> Path:
+    """Footer intact (metadata reads fine), page data destroyed: planned, then unreadable in every task."""
+    raw = bytearray(path.read_bytes())
+    footer = int.from_bytes(raw[-8:-4], "little") + 8
+    raw[8:len(raw) - footer - 8] = b"\xff" * (len(raw) - footer - 16)
+    path.write_bytes(bytes(raw))
+    return path

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from readback import expected_tokens, read_documents
 
-from conftest import write_parquet
+from conftest import not_utf8, write_parquet
 import tokenshards.verify.job as verify_job
 from tokenshards.errors import UserError
 from tokenshards.format import v1
@@ -25,18 +25,13 @@ from tokenshards.verify.job import VerifyConfig, run_verify
 TEXTS = [f"document {i}: the cat sat on the mat, Straße 東京 🙂 " * (1 + i % 7) for i in range(60)]
 
 
-def _not_utf8(texts: list[bytes | None]) -> pa.Array:
-    """A string column holding invalid UTF-8, as some parquet writers produce (Arrow's view skips validation)."""
-    return pa.array(texts, pa.binary()).view(pa.string())
-
-
 @pytest.fixture
 def bad_utf8(tmp_path):
     raw = [t.encode() for t in TEXTS]
     raw[13] = b"broken \xff\xfe bytes"
     raw[41] = b"\xc3"  # a truncated two-byte sequence
     raw[20] = None
-    write_parquet(tmp_path / "in" / "bad.parquet", {"text": _not_utf8(raw)}, row_group_size=10)
+    write_parquet(tmp_path / "in" / "bad.parquet", {"text": not_utf8(raw)}, row_group_size=10)
     write_parquet(tmp_path / "in" / "good.parquet", {"text": TEXTS}, row_group_size=10)
     return tmp_path / "in"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_parquet
+from conftest import corrupt_data_pages, write_parquet
 from readback import read_documents
 from tokenshards.errors import InputError, OutputConflict, UserError
 from tokenshards.verify.job import VerifyConfig, run_verify
@@ -19,15 +19,6 @@ TEXTS = [f"document number {i} with some words in it" for i in range(200)]
 def good(tmp_path):
     return write_parquet(tmp_path / "in" / "good.parquet", {"text": TEXTS, "id": [str(i) for i in range(200)]},
                          row_group_size=50)
-
-
-def _corrupt_data_pages(path: Path) -> None:
-    """Footer intact (metadata reads fine), page data destroyed."""
-    raw = bytearray(path.read_bytes())
-    footer = int.from_bytes(raw[-8:-4], "little") + 8
-    for i in range(8, len(raw) - footer - 8):
-        raw[i] = 0xFF
-    path.write_bytes(bytes(raw))
 
 
 def test_missing_text_column_lists_columns(tokenize, tmp_path):
@@ -52,7 +43,7 @@ def test_unreadable_file_named(tokenize, good, damage):
 
 
 def test_corrupt_pages_fail_the_job_naming_the_row_groups(tokenize, good, tmp_path):
-    _corrupt_data_pages(good)
+    corrupt_data_pages(good)
     with pytest.raises(InputError, match=r"good\.parquet: row groups \d+\.\.\d+ unreadable"):
         tokenize([good], partition_bytes=1)
     assert not (tmp_path / "out" / "manifest.json").exists()
@@ -62,7 +53,7 @@ def test_skip_records_unreadable_files_and_partitions(tokenize, good, tmp_path, 
     broken = tmp_path / "in" / "broken.parquet"
     broken.write_bytes(b"garbage")
     pages = write_parquet(tmp_path / "in" / "pages.parquet", {"text": TEXTS}, row_group_size=100)
-    _corrupt_data_pages(pages)
+    corrupt_data_pages(pages)
     summary, out = tokenize([tmp_path / "in"], on_bad_file="skip")
     manifest = json.loads((out / "manifest.json").read_text())
     skipped = {Path(s["path"]).name: s for s in manifest["skipped_inputs"]}

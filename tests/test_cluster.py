@@ -403,4 +403,3 @@ def test_default_local_cluster_has_a_worker_per_core():
         workers = client.scheduler_info(n_workers=-1)["workers"]
     assert len(workers) == (os.cpu_count() or 1)
     assert said and said[0].startswith("dashboard: ") and "process worker" in said[0]
-

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import write_parquet
+from conftest import corrupt_data_pages, not_utf8, write_parquet
 from readback import expected_tokens, read_documents
 from tokenshards.encoding import ranks as ranks_io
 from tokenshards.bpe.count import PATTERNS, combine_tables, count_piece, count_texts, resolve_pattern
@@ -336,22 +336,10 @@ def test_no_text_is_a_user_error(cluster, tmp_path):
     assert not (tmp_path / "x.tiktoken").exists()
 
 
-def _destroy_pages(path: Path) -> Path:
-    """The file's page data overwritten, its footer intact: planned, then unreadable in every task."""
-    raw = bytearray(path.read_bytes())
-    footer = int.from_bytes(raw[-8:-4], "little") + 8
-    raw[8:len(raw) - footer - 8] = b"\xff" * (len(raw) - footer - 16)
-    path.write_bytes(bytes(raw))
-    return path
-
-
-def _not_utf8(path: Path, texts: list, bad_rows: set[int]) -> Path:
-    """A parquet string column whose ``bad_rows`` hold bytes that are not UTF-8 (as some writers leave)."""
-    raw = [b"caf\xe9 \xff" if i in bad_rows else (t.encode() if t is not None else None) for i, t in enumerate(texts)]
-    binary = pa.array(raw, pa.binary())
-    pq.write_table(pa.table({"text": pa.Array.from_buffers(pa.string(), len(raw), binary.buffers())}), path,
-                   row_group_size=25)
-    return path
+def _with_bad_rows(path: Path, texts: list[str], bad_rows: set[int]) -> Path:
+    """``texts`` as a parquet file of 25-row groups, whose ``bad_rows`` hold bytes that are not UTF-8."""
+    raw = [b"caf\xe9 \xff" if i in bad_rows else t.encode() for i, t in enumerate(texts)]
+    return write_parquet(path, {"text": not_utf8(raw)}, row_group_size=25)
 
 
 def test_an_unreadable_partition_stops_the_count_and_leaves_the_cluster_idle(cluster, tmp_path):
@@ -360,7 +348,7 @@ def test_an_unreadable_partition_stops_the_count_and_leaves_the_cluster_idle(clu
     import time
     from distributed import Client
 
-    path = _destroy_pages(write_parquet(tmp_path / "in" / "bad.parquet",
+    path = corrupt_data_pages(write_parquet(tmp_path / "in" / "bad.parquet",
                                         {"text": [f"document {i} with words" for i in range(400)]}, row_group_size=20))
     config = TrainBpeConfig(inputs=(str(path),), out=str(tmp_path / "x.tiktoken"), scheduler=cluster.scheduler_address,
                             partition_bytes=1_000, progress="none")
@@ -377,7 +365,7 @@ def test_an_unreadable_partition_stops_the_count_and_leaves_the_cluster_idle(clu
 
 def test_text_that_is_not_utf8_is_a_one_line_error_naming_the_row(cluster, tmp_path):
     rng = random.Random(3)
-    path = _not_utf8(tmp_path / "latin1.parquet", [_doc(rng) for _ in range(60)], {37})
+    path = _with_bad_rows(tmp_path / "latin1.parquet", [_doc(rng) for _ in range(60)], {37})
     config = TrainBpeConfig(inputs=(str(path),), out=str(tmp_path / "x.tiktoken"), scheduler=cluster.scheduler_address,
                             progress="none")
     with pytest.raises(UserError, match=r"^\S*latin1\.parquet: partition 0, row 37: column 'text' is not valid UTF-8; "
@@ -396,8 +384,8 @@ def test_skipping_bad_input_trains_on_the_rest_as_if_it_were_absent(cluster, tmp
     bad_rows = {3, 120, 121}
     (tmp_path / "in").mkdir()
     write_parquet(tmp_path / "in" / "0-good.parquet", {"text": good}, row_group_size=25)
-    _not_utf8(tmp_path / "in" / "1-mixed.parquet", mixed, bad_rows)
-    _destroy_pages(write_parquet(tmp_path / "in" / "2-pages.parquet", {"text": [_doc(rng) for _ in range(250)]},
+    _with_bad_rows(tmp_path / "in" / "1-mixed.parquet", mixed, bad_rows)
+    corrupt_data_pages(write_parquet(tmp_path / "in" / "2-pages.parquet", {"text": [_doc(rng) for _ in range(250)]},
                                  row_group_size=25))
     (tmp_path / "in" / "3-footer.parquet").write_bytes(b"PAR1 not a parquet file at all")
     (tmp_path / "want").mkdir()
