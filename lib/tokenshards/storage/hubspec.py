@@ -9,6 +9,10 @@ from ..errors import UserError
 
 FETCH_MODES = ("auto", "client", "workers")
 SAMPLE_DIR = "sample"
+PROTOCOL = "hfcache"
+"""``hfcache://datasets/REPO@COMMIT/PATH``: a Hub file that each worker machine opens from its own
+copy (``--fetch workers``, ``hub/workerfs.py``). Named here so that code that only tells such a
+reference apart does not import huggingface_hub for it."""
 _SIZE = re.compile(r"(\d+)\s*BT?", re.IGNORECASE)
 
 

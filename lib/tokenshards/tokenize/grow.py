@@ -22,6 +22,7 @@ import fsspec
 from ..errors import InputChanged, OutputConflict, UserError
 from ..format import v1
 from ..format.v1 import Manifest, PartitionEntry
+from ..storage.hubspec import PROTOCOL
 from ..storage.sources import Source
 from ..storage.store import describe_identity_change, file_identity_like, filesystem, join, read_json, write_json
 from ..wording import counted
@@ -169,8 +170,6 @@ def inputs_to_add(recorded: dict, kept: Manifest, named: list[str], *, add: bool
 
 def _check_named_unchanged(recorded: dict, urls: list[str], *, url: str, storage_options: dict) -> None:
     """Inputs already in OUT and named again must be the files their partitions were made of."""
-    from ..storage.hub.workerfs import PROTOCOL
-
     before = {i["path"]: i for i in recorded.get("inputs", [])}
     for path in urls:
         old = (before.get(path) or {}).get("identity")

@@ -27,6 +27,7 @@ from .plan import BadInput, Piece, submission_order
 from . import resume
 from ..cluster.progress import Progress, human
 from ..wording import counted
+from ..storage.hubspec import PROTOCOL
 from ..storage.lease import Lease
 from ..storage.store import abort_stale_uploads, ensure_writable, file_identity_like, filesystem, is_local, join
 
@@ -313,8 +314,6 @@ def _identity_like(url: str, recorded: dict, config: TokenizeConfig, files: list
     """An input's file identity now, in the terms an earlier run recorded it in (``claim_output``).
     An input only workers open (``hfcache://``, ``--fetch workers``) has no file here: its identity
     is what the plan knew, as far as the record goes (versions before this one recorded its size)."""
-    from ..storage.hub.workerfs import PROTOCOL
-
     if url.startswith(f"{PROTOCOL}://"):
         planned = next((dict(f.identity) for f in files if f.url == url), {})
         return {k: v for k, v in planned.items() if k in recorded}

@@ -30,6 +30,7 @@ from ..encoding.encoders import EncoderPlugin, load_encoding
 from ..errors import UserError
 from ..wording import counted
 from ..tokenize.footers import WORKER_FOOTERS
+from ..storage.hubspec import PROTOCOL
 from ..storage.store import describe_identity_change, file_identity_like, filesystem, is_local, join, read_json
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
@@ -297,7 +298,7 @@ def _verify_partitions(client: Client, entries: list[PartitionEntry], sample: di
 def _hub_reading_plugins(identities: dict[str, dict]) -> list:
     """Read-only ``hfcache://`` plugins for the sampled inputs of a ``--fetch workers`` run (none
     otherwise: then huggingface_hub is not even imported)."""
-    if not any(url.startswith("hfcache://") for url in identities):
+    if not any(url.startswith(f"{PROTOCOL}://") for url in identities):
         return []
     from ..storage.hub.workerfs import reading_plugins
 

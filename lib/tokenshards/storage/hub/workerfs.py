@@ -21,13 +21,11 @@ from fsspec.implementations.local import LocalFileSystem
 from huggingface_hub import HfFileSystem
 
 from ...errors import UserError
-from ..hubspec import HubDataset, folder_size
+from ..hubspec import PROTOCOL, HubDataset, folder_size
 from ..store import file_identity
 from .cache import is_present, local_path
 from .fetch import fetch_file
 from .listing import HubFile, HubListing
-
-PROTOCOL = "hfcache"
 
 
 def cache_uri(repo: str, commit: str, path: str) -> str:
