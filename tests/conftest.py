@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from distributed import LocalCluster
 
+from s3server import s3  # noqa: F401  (the S3 fixture, for every test module)
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.tokenize.job import run_tokenize

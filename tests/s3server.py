@@ -1,6 +1,6 @@
 """A real S3 endpoint for tests: moto's server in a subprocess on 127.0.0.1, used through s3fs.
 
-Import the fixture into a test module (``from s3server import s3``) and use:
+Every test module has the ``s3`` fixture (``conftest.py`` imports it); use:
 
     s3.endpoint_url        http://127.0.0.1:PORT
     s3.storage_options     what a user would pass with --storage-option (endpoint, key, secret)

@@ -27,7 +27,6 @@ import pytest
 
 from lab import PYTHON, TOKENSHARDS, Lab, LabS3
 from readback import read_documents
-from s3server import s3  # noqa: F401  (a fixture: moto on 127.0.0.1, for the tests without a lab)
 
 EOT = 50256
 BUCKET = "lab"

@@ -17,7 +17,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from readback import read_documents
-from s3server import s3  # noqa: F401  (fixture)
 
 from tokenshards.cli import main
 from tokenshards.tokenize.config import TokenizeConfig

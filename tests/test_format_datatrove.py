@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from formatcheck import CASES, eot_of, expected_docs, export, export_with_summary, npy_streams, runs  # noqa: F401  (fixture)
-from s3server import s3  # noqa: F401  (fixture)
 
 dataset = pytest.importorskip("datatrove.utils.dataset", reason="datatrove (and torch) are in the test extra")
 

@@ -17,7 +17,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from readback import expected_tokens, read_documents
-from s3server import s3  # noqa: F401  (fixture)
 from test_export import WORDS, expected_split, flat
 from test_s3 import download, upload
 

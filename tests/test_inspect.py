@@ -11,7 +11,6 @@ import pytest
 
 from conftest import write_parquet
 from readback import expected_tokens, read_documents
-from s3server import s3  # noqa: F401  (s3 is a fixture)
 from tokenshards.cli import main
 from tokenshards.errors import UserError
 from tokenshards.inspect.stats import BIN_WIDTH, LENGTH_EDGES, PartitionStats, RunStats, inspect_output, plot_lengths

@@ -8,7 +8,6 @@ import sys
 import time
 
 import pytest
-from s3server import s3  # noqa: F401  (a fixture)
 
 from tokenshards.cluster.machines import process_space
 from tokenshards.storage.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, LeaseRecord

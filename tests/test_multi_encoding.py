@@ -12,7 +12,6 @@ import pytest
 
 from conftest import write_parquet
 from readback import expected_tokens, read_documents
-from s3server import s3  # noqa: F401  (a fixture)
 from tokenshards.bpe.train import TrainBpeConfig, run_train_bpe
 from tokenshards.cli import main
 from tokenshards.encoding.encoders import load_encoding

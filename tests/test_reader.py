@@ -13,7 +13,6 @@ import pyarrow.parquet as pq
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 from readback import read_documents
-from s3server import s3  # noqa: F401  (fixture)
 
 from tokenshards import TokenDataset
 from tokenshards.tokenize.config import TokenizeConfig

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from readback import expected_tokens, read_documents
-from s3server import REGION, S3Server, free_port, s3, start_moto  # noqa: F401  (s3 is a fixture)
+from s3server import REGION, S3Server, free_port, start_moto
 
 from tokenshards.storage import store
 from tokenshards.cli import main

@@ -14,7 +14,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from readback import read_documents
-from s3server import s3  # noqa: F401  (fixture)
 from test_export import expected_split, read_llmc, read_megatron, tokenize_to, write_corpus
 
 from tokenshards.cli import main

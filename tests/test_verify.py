@@ -13,7 +13,6 @@ import pytest
 from pydoc_data.topics import topics
 
 from conftest import write_parquet
-from s3server import s3  # noqa: F401  (a fixture)
 from tokenshards.format import v1
 from tokenshards.cli import main
 from tokenshards.tokenize.config import TokenizeConfig

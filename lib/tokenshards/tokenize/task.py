@@ -281,8 +281,8 @@ def unreadable_reason(rows: np.ndarray, ids: pa.Array | pa.ChunkedArray) -> str 
     return ids[0].as_py() if len(rows) == 1 and rows[0] == UNREADABLE else None
 
 
-def utf8_or_null(text: pa.Array, rows: np.ndarray, piece: Piece, *, text_column: str,
-                 on_bad_file: str) -> tuple[pa.Array, list[int]]:
+def utf8_or_null(text: pa.Array | pa.ChunkedArray, rows: np.ndarray, piece: Piece, *, text_column: str,
+                 on_bad_file: str) -> tuple[pa.Array | pa.ChunkedArray, list[int]]:
     """(text with values that are not UTF-8 made null, their positions) under ``--on-bad-file
     skip``; else, when there are any, an ``InputError`` naming the first row."""
     text, invalid = _null_invalid_utf8(text)
@@ -294,7 +294,7 @@ def utf8_or_null(text: pa.Array, rows: np.ndarray, piece: Piece, *, text_column:
     return text, invalid
 
 
-def _null_invalid_utf8(text: pa.Array) -> tuple[pa.Array, list[int]]:
+def _null_invalid_utf8(text: pa.Array | pa.ChunkedArray) -> tuple[pa.Array | pa.ChunkedArray, list[int]]:
     """(text with undecodable values made null, their positions). Parquet writers do not all
     validate UTF-8; Arrow's full validation is one fast pass, the per-row search runs only on failure."""
     try:
