@@ -179,6 +179,22 @@ def test_a_partition_is_a_plain_function_without_a_cluster(corpus, tmp_path, gpt
     assert json.loads((tmp_path / f"parts/part-{pieces[1].index:05d}.done.json").read_text())["job"] == "test-job"
 
 
+def test_a_task_starts_when_its_read_starts(corpus, tmp_path, gpt2):
+    """The run's tokenizing phase (first start to last end) counts the first partition's read."""
+    import time
+
+    from tokenshards.encoding.backends import TiktokenBackend
+    from tokenshards.encoding.encoders import load_encoding
+    from tokenshards.tokenize.task import read_piece, write_partition
+
+    pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
+    before = time.time()
+    frame = read_piece(pieces[0], text_column="text", storage_options={})
+    time.sleep(0.05)
+    result = write_partition(frame, pieces[0], settings=settings, backend=TiktokenBackend(gpt2))
+    assert before <= result.started < before + 0.05 <= result.finished
+
+
 def test_one_task_per_planned_partition(corpus, tmp_path):
     """Dask may not merge or split planned partitions: each task writes one partition's files."""
     import dask

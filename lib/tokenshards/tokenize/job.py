@@ -46,7 +46,7 @@ class Summary:
     skipped_empty: int
     seconds: float
     tokenize_seconds: float
-    """First task start to last task end, as the workers saw it."""
+    """First task start (its read) to last task end, as the workers saw it."""
     encoding: str = ""
 
     def lines(self, *, label: str = "") -> list[str]:
@@ -56,7 +56,7 @@ class Summary:
             f"done{label}: {self.docs:,} documents, {self.tokens:,} tokens, skipped {self.skipped_null:,} null "
             f"and {self.skipped_empty:,} empty rows",
             f"      {counted(self.partitions, 'partition')} ({self.skipped_partitions} already committed), {self.seconds:.1f} s, "
-            f"{human(rate)} tokens/s overall, tokenizing phase {self.tokenize_seconds:.1f} s",
+            f"{human(rate)} tokens/s overall, tokenizing phase {self.tokenize_seconds:.2f} s",
             f"      output: {self.out}",
         ]
 

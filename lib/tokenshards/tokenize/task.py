@@ -177,16 +177,24 @@ def read_piece(piece: Piece, *, text_column: str, storage_options: dict, on_bad_
     With ``on_bad_file="skip"`` an unreadable piece becomes one row whose ``text`` is null and
     whose ``id`` says why (``UNREADABLE`` marks it): the task then commits nothing for it.
     """
+    read_at = time.time()
     try:
-        return _read_piece(piece, text_column=text_column, storage_options=storage_options)
+        frame = _read_piece(piece, text_column=text_column, storage_options=storage_options)
     except InputError as e:
         if on_bad_file != "skip":
             raise
-        return pd.DataFrame({
+        frame = pd.DataFrame({
             "row": np.array([UNREADABLE], dtype=np.int64),
             "id": pd.arrays.ArrowExtensionArray(pa.array([e.reason], pa.string())),
             "text": pd.arrays.ArrowExtensionArray(pa.nulls(1, pa.string())),
         }, copy=False)
+    object.__setattr__(frame, READ_AT, read_at)
+    return frame
+
+
+READ_AT = "_tokenshards_read_at"
+"""When ``read_piece`` began, kept on its frame (a plain attribute, like ``KEPT_COLUMNS``): a task's
+``started``, so that a run's tokenizing phase counts its first read too."""
 
 
 RELEASE_AFTER_BYTES = 32 * 2**20
@@ -325,7 +333,7 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
                   backends: Sequence) -> list[TaskResult]:
     """``write_partition`` for each output (settings, backend) from the same rows: the UTF-8 check
     and the documents' ids, which no encoding changes, are made once for all of them."""
-    started = time.time()
+    started = frame.__dict__.get(READ_AT) or time.time()
     all_rows, ids, text = piece_columns(frame)
     unreadable = unreadable_reason(all_rows, ids)
     if unreadable is not None:
