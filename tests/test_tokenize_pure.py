@@ -1,6 +1,7 @@
 """The pure core: texts → tokens, compared with tiktoken's encode_ordinary directly."""
 import numpy as np
 import pyarrow as pa
+import psutil
 import pytest
 
 from tokenshards.encoding.backends import (FAST_BACKENDS, SPOT_CHECK_CHARS, SPOT_CHECK_SHARE, BackendMismatch, TiktokenBackend,
@@ -211,10 +212,17 @@ def test_a_disagreement_in_any_sampled_document_is_caught(gpt2):
         backend.encode_many(texts)
 
 
-def test_gigatoken_cache_is_bounded_and_rebuilding_keeps_ids_exact(gpt2):
-    """gigatoken's pretoken cache grows with every new word; past the bound the tokenizer starts afresh."""
+@pytest.mark.parametrize("proc", ["linux", "no /proc"])
+def test_gigatoken_cache_is_bounded_and_rebuilding_keeps_ids_exact(gpt2, proc, monkeypatch, tmp_path):
+    """gigatoken's pretoken cache grows with every new word; past the bound the tokenizer starts
+    afresh, also where there is no /proc to read the process's memory from (macOS, Windows)."""
     pytest.importorskip("gigatoken")
+    from tokenshards.encoding import backends
     from tokenshards.encoding.backends import GigatokenBackend
+
+    if proc == "no /proc":
+        monkeypatch.setattr(backends, "STATM", str(tmp_path / "absent"))
+        assert abs(backends._rss() - psutil.Process().memory_info().rss) < 64 * 2**20
 
     loaded = load_encoding("gpt2")
     backend = GigatokenBackend(loaded.params, cache_bound=2 * 2**20)

@@ -254,12 +254,19 @@ def _awkward_strings(column: pa.Array):
 
 
 def _rss() -> int:
-    """This process's resident bytes (Linux /proc; elsewhere 0, so gigatoken's cache is never bounded there)."""
+    """This process's resident bytes: Linux's /proc (one read), else psutil's (macOS, Windows;
+    installed with distributed), so gigatoken's cache is bounded on a laptop too. A psutil
+    ``Process`` is made per call: one kept would name the forkserver in the workers it forks."""
     try:
-        with open("/proc/self/statm", "rb") as f:
+        with open(STATM, "rb") as f:
             return int(f.read().split()[1]) * _PAGE
     except OSError:
-        return 0
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
+
+STATM = "/proc/self/statm"
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
