@@ -75,8 +75,10 @@ def _served(root: Path, folder: str = "sample/10BT") -> list[Path]:
     return sorted((root / folder).glob("*.parquet"))
 
 
-def _check_against_tiktoken(out: Path, root: Path, enc) -> None:
-    """Every non-empty row of every served file is a document whose tokens are tiktoken's."""
+def _check_against_tiktoken(out: Path, root: Path, enc, *, named: str = "sample/10BT/") -> None:
+    """Every non-empty row of every served file is a document whose tokens are tiktoken's; a row
+    of a file without ids is ``NAMED + FILE:ROW`` (an input's name: its path in the repo for a
+    ``--dataset`` sample, its path under a glob's folder for ``--input``)."""
     docs = read_documents(out)
     by_name = {Path(inp).name: inp for inp, _ in docs}
     expected = 0
@@ -88,7 +90,7 @@ def _check_against_tiktoken(out: Path, root: Path, enc) -> None:
             expected += 1
             doc_id, tokens = docs[(by_name[path.name], row)]
             assert tokens == expected_tokens(enc, text)
-            want_id = table["id"][row] if "id" in table else f"sample/10BT/{path.name}:{row}"
+            want_id = table["id"][row] if "id" in table else f"{named}{path.name}:{row}"
             assert doc_id == want_id
     assert len(docs) == expected
 
@@ -603,3 +605,29 @@ def test_a_reading_plugin_opens_this_machines_copy_else_ranges_of_the_hub(server
         assert HubCacheFileSystem.datasets[run.key].fetch
     finally:
         run.teardown(worker=None)
+
+
+def test_cli_hf_urls_as_inputs_tokenize_grow_and_verify(server, tmp_path, gpt2):
+    """``--input hf://datasets/REPO/...`` (fsspec's HfFileSystem, as the help says) reads the Hub
+    directly; ``--add`` grows such a run, and the grown run is the bytes of one run of all files.
+    Each command starts its own cluster: its workers must see HF_ENDPOINT, as a user's would."""
+    def cli(*args: str, out: Path) -> subprocess.CompletedProcess:
+        proc = subprocess.run([TOKENSHARDS, *args, "--out", str(out), "--workers", "2", "--progress", "none"],
+                              env=_env(tmp_path, server), capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    url = f"hf://datasets/{REPO}/sample/10BT"
+    grown, single = tmp_path / "grown", tmp_path / "single"
+    cli("tokenize", "--input", f"{url}/00[01]_00000.parquet", out=grown)
+    proc = cli("tokenize", "--add", "--input", f"{url}/*.parquet", out=grown)
+    assert "3 partitions (2 already committed)" in proc.stdout + proc.stderr
+    cli("tokenize", "--input", f"{url}/*.parquet", out=single)
+
+    _check_against_tiktoken(grown, server.root, gpt2, named="")
+    kept, whole = (json.loads((out / "manifest.json").read_text()) for out in (grown, single))
+    assert [p["sha256"] for p in kept["partitions"]] == [p["sha256"] for p in whole["partitions"]]
+    assert [i["path"] for i in kept["inputs"]] == [f"{url}/{p.name}" for p in _served(server.root)]
+    proc = subprocess.run([TOKENSHARDS, "verify", str(grown), "--deep", "20", "--workers", "2", "--progress", "none"],
+                          env=_env(tmp_path, server), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "20 documents re-tokenized: OK" in proc.stdout + proc.stderr, proc.stderr
