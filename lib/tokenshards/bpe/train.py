@@ -20,7 +20,7 @@ from ..cluster.progress import Progress, human
 from ..errors import UserError
 from ..storage.hubspec import HubDataset
 from ..tokenize import corpus
-from ..tokenize.config import ON_BAD_FILE
+from ..tokenize.config import check_on_bad_file
 from ..tokenize.plan import Piece
 from ..encoding import ranks as ranks_io
 from ..wording import counted as counted_as
@@ -65,8 +65,7 @@ class TrainBpeConfig(RunOptions):
         if self.vocab_size < 256 + len(self.special_tokens):
             raise UserError(f"--vocab-size {self.vocab_size} is too small: it counts the 256 single bytes and the "
                             f"{len(self.special_tokens)} special tokens; pass at least {256 + len(self.special_tokens)}")
-        if self.on_bad_file not in ON_BAD_FILE:
-            raise UserError(f"--on-bad-file {self.on_bad_file!r} not supported, expected one of {ON_BAD_FILE}")
+        check_on_bad_file(self.on_bad_file)
         if self.min_count < 1:
             raise UserError(f"--min-count {self.min_count} must be at least 1")
         if self.sample_bytes is not None and self.sample_bytes < 1:

@@ -19,6 +19,12 @@ MAX_AUTO_PARTITIONS = 16_384
 manifest and the scheduler's task count stay bounded whatever the corpus (docs/scaling.md)."""
 
 
+def check_on_bad_file(value: str) -> None:
+    """``--on-bad-file``, as every command that reads the corpus takes it (tokenize, train-bpe)."""
+    if value not in ON_BAD_FILE:
+        raise UserError(f"--on-bad-file {value!r} not supported, expected one of {ON_BAD_FILE}")
+
+
 @dataclass(frozen=True)
 class Output:
     """One encoding and the folder its run goes to: a run writes one or several of these."""
@@ -61,8 +67,7 @@ class TokenizeConfig(RunOptions):
             raise UserError("no input given: pass --input PATH_OR_GLOB (or --dataset REPO --size SIZE)")
         if self.eot_position not in EOT_POSITIONS:
             raise UserError(f"--eot {self.eot_position!r} not supported, expected one of {EOT_POSITIONS}")
-        if self.on_bad_file not in ON_BAD_FILE:
-            raise UserError(f"--on-bad-file {self.on_bad_file!r} not supported, expected one of {ON_BAD_FILE}")
+        check_on_bad_file(self.on_bad_file)
         if self.add and self.hub is not None:
             raise UserError("--add takes --input files; a --dataset sample cannot be added to a run yet: "
                             "download it first (`tokenshards download --to DIR`) and pass --input DIR")
