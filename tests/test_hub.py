@@ -611,23 +611,20 @@ def test_cli_hf_urls_as_inputs_tokenize_grow_and_verify(server, tmp_path, gpt2):
     """``--input hf://datasets/REPO/...`` (fsspec's HfFileSystem, as the help says) reads the Hub
     directly; ``--add`` grows such a run, and the grown run is the bytes of one run of all files.
     Each command starts its own cluster: its workers must see HF_ENDPOINT, as a user's would."""
-    def cli(*args: str, out: Path) -> subprocess.CompletedProcess:
-        proc = subprocess.run([TOKENSHARDS, *args, "--out", str(out), "--workers", "2", "--progress", "none"],
+    def cli(*args: str) -> str:
+        proc = subprocess.run([TOKENSHARDS, *args, "--workers", "2", "--progress", "none"],
                               env=_env(tmp_path, server), capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
-        return proc
+        return proc.stdout + proc.stderr
 
     url = f"hf://datasets/{REPO}/sample/10BT"
     grown, single = tmp_path / "grown", tmp_path / "single"
-    cli("tokenize", "--input", f"{url}/00[01]_00000.parquet", out=grown)
-    proc = cli("tokenize", "--add", "--input", f"{url}/*.parquet", out=grown)
-    assert "3 partitions (2 already committed)" in proc.stdout + proc.stderr
-    cli("tokenize", "--input", f"{url}/*.parquet", out=single)
+    cli("tokenize", "--input", f"{url}/00[01]_00000.parquet", "--out", str(grown))
+    assert "3 partitions (2 already committed)" in cli("tokenize", "--add", "--input", f"{url}/*.parquet", "--out", str(grown))
+    cli("tokenize", "--input", f"{url}/*.parquet", "--out", str(single))
 
     _check_against_tiktoken(grown, server.root, gpt2, named="")
     kept, whole = (json.loads((out / "manifest.json").read_text()) for out in (grown, single))
     assert [p["sha256"] for p in kept["partitions"]] == [p["sha256"] for p in whole["partitions"]]
     assert [i["path"] for i in kept["inputs"]] == [f"{url}/{p.name}" for p in _served(server.root)]
-    proc = subprocess.run([TOKENSHARDS, "verify", str(grown), "--deep", "20", "--workers", "2", "--progress", "none"],
-                          env=_env(tmp_path, server), capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "20 documents re-tokenized: OK" in proc.stdout + proc.stderr, proc.stderr
+    assert "20 documents re-tokenized: OK" in cli("verify", str(grown), "--deep", "20")

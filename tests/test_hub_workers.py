@@ -201,7 +201,6 @@ def _range_bytes(header: str, size: int) -> int:
     return (int(last) if last else size - 1) - int(first) + 1
 
 
-
 def test_train_bpe_with_workers_fetching_has_each_file_fetched_once(server, machines, cluster, tmp_path):
     """train-bpe plans like tokenize and counts each file's partitions on the machine it was given
     to (its ``Lane``): one download per file, and the ranks of a ``--fetch client`` run."""

@@ -349,7 +349,7 @@ def test_an_unreadable_partition_stops_the_count_and_leaves_the_cluster_idle(clu
     from distributed import Client
 
     path = corrupt_data_pages(write_parquet(tmp_path / "in" / "bad.parquet",
-                                        {"text": [f"document {i} with words" for i in range(400)]}, row_group_size=20))
+                                            {"text": [f"document {i} with words" for i in range(400)]}, row_group_size=20))
     config = TrainBpeConfig(inputs=(str(path),), out=str(tmp_path / "x.tiktoken"), scheduler=cluster.scheduler_address,
                             partition_bytes=1_000, progress="none")
     with pytest.raises(UserError, match=r"bad\.parquet: row groups \d+\.\.\d+ unreadable \(.*\); re-download the "
@@ -386,7 +386,7 @@ def test_skipping_bad_input_trains_on_the_rest_as_if_it_were_absent(cluster, tmp
     write_parquet(tmp_path / "in" / "0-good.parquet", {"text": good}, row_group_size=25)
     _with_bad_rows(tmp_path / "in" / "1-mixed.parquet", mixed, bad_rows)
     corrupt_data_pages(write_parquet(tmp_path / "in" / "2-pages.parquet", {"text": [_doc(rng) for _ in range(250)]},
-                                 row_group_size=25))
+                                     row_group_size=25))
     (tmp_path / "in" / "3-footer.parquet").write_bytes(b"PAR1 not a parquet file at all")
     (tmp_path / "want").mkdir()
     write_parquet(tmp_path / "want" / "0-good.parquet", {"text": good}, row_group_size=25)
