@@ -146,15 +146,56 @@ def test_ctrl_c_stops_cleanly_and_leaves_only_committed_or_temporary_files(big_c
         assert path.name.endswith(".tmp") or (out / "parts" / f"{stem}.done.json").exists(), path.name
 
 
-def test_a_begun_write_is_invisible_until_finished_and_leaves_nothing_when_aborted(tmp_path):
+def _refuse_direct(monkeypatch, where: str) -> None:
+    """A filesystem that refuses ``O_DIRECT`` (tmpfs before Linux 6.6, some FUSE ones), as the
+    kernel answers for it: EINVAL from the open (after creating the file) or from the write. No
+    such filesystem can be mounted here, so the two calls are wrapped."""
+    import errno
+    import fcntl
+    import os
+
+    from tokenshards.storage import store
+
+    if where == "open":
+        real_open = os.open
+
+        def refusing_open(path, flags, mode=0o777, **kw):
+            if flags & store.DIRECT_FLAG:
+                os.close(real_open(path, flags & ~store.DIRECT_FLAG, mode, **kw))
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real_open(path, flags, mode, **kw)
+
+        monkeypatch.setattr(os, "open", refusing_open)
+    else:
+        real_pwrite = os.pwrite
+
+        def refusing_pwrite(fd, data, offset):
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & store.DIRECT_FLAG:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            return real_pwrite(fd, data, offset)
+
+        monkeypatch.setattr(os, "pwrite", refusing_pwrite)
+
+
+@pytest.mark.parametrize("case", ["small, buffered", "large, direct", "direct refused at open",
+                                  "direct refused at write"])
+def test_a_begun_write_is_invisible_until_finished_and_leaves_nothing_when_aborted(tmp_path, monkeypatch, case):
     """A task starts its tokens file for the disk before making its checksum and docs file
     (``store.begin_write``): until ``finish()`` no reader sees it, and ``abort()`` (the docs file
-    failed) leaves no temporary behind."""
+    failed) leaves no temporary behind. A large file goes past the page cache (``O_DIRECT``, padded
+    to a block, then cut to its length), and where the filesystem refuses that, through it: the
+    same bytes either way."""
+    from tokenshards.storage import store
     from tokenshards.storage.store import begin_write, filesystem
 
+    if case != "small, buffered" and not store.DIRECT_FLAG:
+        pytest.skip("no O_DIRECT on this platform")
+    if case.startswith("direct refused"):
+        _refuse_direct(monkeypatch, case.rsplit(" ", 1)[-1])
     fs, root = filesystem(str(tmp_path / "out"), {})
-    data = bytes(range(256)) * 40_000
+    data = bytes(range(256)) * (1_000 if case == "small, buffered" else 40_000) + b"tail"
     pending = begin_write(fs, f"{root}/parts/a.bin", data)
+    assert isinstance(pending, store._DirectWrite) == (case in ("large, direct", "direct refused at write"))
     assert [p.name for p in (tmp_path / "out/parts").iterdir()][0].endswith(".tmp")
     pending.finish()
     assert (tmp_path / "out/parts/a.bin").read_bytes() == data

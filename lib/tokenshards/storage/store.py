@@ -17,9 +17,12 @@ process). fsspec's instance cache is keyed by process id, so nothing built befor
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import mmap
 import os
 import posixpath
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -253,11 +256,16 @@ class PendingWrite:
 
 
 def begin_write(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> PendingWrite:
-    """Start ``write_atomic(fs, path, data)``. A local file is written to a temporary file at once
-    and its writeback to the disk started, so that the fsync in ``finish()`` mostly finds it done
-    (a 6 MB tokens file here: fsync waited 3.5 ms, 0.2 ms after 6 ms of other work); an upload
-    runs on a thread, the calling thread being the worker's only one."""
+    """Start ``write_atomic(fs, path, data)``. A local file of ``DIRECT_MIN_BYTES`` or more goes to
+    the disk past the page cache (``_DirectWrite``), on a thread; a smaller one is written to a
+    temporary file at once and its writeback started, so that the fsync in ``finish()`` mostly
+    finds it done (a 6 MB tokens file here: fsync waited 3.5 ms, 0.2 ms after 6 ms of other work);
+    an upload runs on a thread, the calling thread being the worker's only one."""
     if is_local(fs):
+        if len(data) >= DIRECT_MIN_BYTES and DIRECT_FLAG:
+            direct = _DirectWrite.begin(path, data)
+            if direct is not None:
+                return direct
         write = _LocalWrite(path, data)
         _start_writeback(write.file.fileno())
         return write
@@ -297,6 +305,113 @@ class _LocalWrite(PendingWrite):
         self.file.close()
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.tmp)
+
+
+DIRECT_FLAG = getattr(os, "O_DIRECT", 0)
+"""Linux's (and the BSDs') flag for I/O past the page cache; 0 where there is none (macOS, Windows)."""
+
+DIRECT_MIN_BYTES = 1 * MIB
+"""Files this large skip the page cache. Putting a file's bytes in the page cache costs ~2 ms of
+CPU per MB on this VM (a 5.6 MB tokens file: 11-13 ms of the writer's CPU, fsync or not, against
+0.3 ms and 1.9 ms of waiting for the disk written directly, medians here). A smaller file (a
+docs file, a done record, the tokens of a tiny partition) keeps the buffered write: its few pages
+cost less than the thread a direct write runs on."""
+
+DIRECT_ALIGN = 4096
+"""Direct I/O wants its buffer, file offset and length aligned to the device's logical block
+(512 or 4096 bytes): a page satisfies both."""
+
+SCRATCH_KEEP_BYTES = 32 * MIB
+"""A thread's aligned buffer for direct writes is kept (its pages stay faulted in) up to this size;
+a larger file gets a buffer of its own, handed back after its write."""
+
+_SCRATCH = threading.local()
+
+
+def _aligned_buffer(size: int) -> mmap.mmap:
+    """A page-aligned buffer of at least ``size`` bytes: this thread's own, reused by its next
+    direct write (a write is finished before the thread begins another)."""
+    if size > SCRATCH_KEEP_BYTES:
+        return mmap.mmap(-1, size)
+    kept = getattr(_SCRATCH, "buffer", None)
+    if kept is None or len(kept) < size:
+        kept = _SCRATCH.buffer = mmap.mmap(-1, max(size, 8 * MIB))
+    return kept
+
+
+class _DirectWrite(PendingWrite):
+    """A temporary file beside ``path`` written with ``O_DIRECT`` on a thread: from an aligned copy
+    of the bytes, padded to a whole block, then cut to its length; ``finish()`` fsyncs it (the
+    metadata and the device's cache still need it) and renames it over ``path``. Where the
+    filesystem refuses direct I/O, the same file is written through the page cache instead."""
+
+    @classmethod
+    def begin(cls, path: str, data: bytes) -> "_DirectWrite | None":
+        """The write under way, or None when this filesystem refuses ``O_DIRECT`` at open (tmpfs
+        before Linux 6.6, some FUSE filesystems): then the caller writes it buffered."""
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | DIRECT_FLAG | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)  # Linux checks O_DIRECT after creating the file
+            return None
+        return cls(path, tmp, fd, data)
+
+    def __init__(self, path: str, tmp: str, fd: int, data: bytes):
+        self.path, self.tmp, self.fd = path, tmp, fd
+        size = len(data)
+        padded = -(-size // DIRECT_ALIGN) * DIRECT_ALIGN
+        view = memoryview(_aligned_buffer(padded))[:padded]
+        view[:size] = data
+        self.future = _WAITS.submit(_write_direct, fd, view, size)
+
+    def finish(self) -> None:
+        try:
+            self.future.result()
+            os.fsync(self.fd)
+            self._close()
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        with contextlib.suppress(BaseException):
+            self.future.result()  # the thread reads the buffer until it ends
+        self._close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.tmp)
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _write_direct(fd: int, padded: memoryview, size: int) -> None:
+    """All of ``padded`` at offset 0 of a file opened with ``O_DIRECT``, then the file cut to
+    ``size``. A filesystem that took the open but refuses the write itself (EINVAL: a logical block
+    larger than ``DIRECT_ALIGN``, say) gets the bytes through the page cache instead."""
+    try:
+        _pwrite_all(fd, padded)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~DIRECT_FLAG)
+        _pwrite_all(fd, padded[:size])
+    os.ftruncate(fd, size)
+
+
+def _pwrite_all(fd: int, data: memoryview) -> None:
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], done)
 
 
 def _start_writeback(fd: int) -> None:
