@@ -295,6 +295,41 @@ def test_a_worker_without_the_fast_backend_is_a_one_line_error(tmp_path, corpus)
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and mallinfo2")
+def test_a_hand_started_worker_keeps_freed_memory_for_reuse(tmp_path, corpus):
+    """Dask starts a worker with MALLOC_TRIM_THRESHOLD_=65536, which pins glibc's mmap threshold at
+    128 KiB: every array of a partition is mmapped, faulted in and unmapped, task after task. Our
+    LocalCluster's workers start with other settings (``prestart.worker_environment``); a worker
+    started by hand gets them from the encoder's plugin when a run registers it (``mallopt``)."""
+    from daskprocs import dask_processes
+
+    def mmapped_bytes_of_a_4mib_array() -> int:
+        """On a worker (nested: pickled whole, not by module): what glibc mmaps for a 4 MiB array held."""
+        import ctypes
+
+        import numpy as np
+
+        class MallInfo2(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in
+                        ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+        mallinfo2.restype = MallInfo2
+        before = mallinfo2().hblkhd
+        held = np.empty(4 * 2**20, dtype=np.uint8)
+        grown = mallinfo2().hblkhd - before
+        del held
+        return grown
+
+    with dask_processes(tmp_path, workers=1) as procs, Client(procs.address, timeout="30s") as client:
+        [before] = client.run(mmapped_bytes_of_a_4mib_array).values()
+        assert before >= 4 * 2**20, "Dask's default no longer mmaps a 4 MiB array: this test has lost its point"
+        run_tokenize(TokenizeConfig(inputs=(str(corpus),), out=str(tmp_path / "out"), scheduler=procs.address,
+                                    progress="none"), announce=lambda m: None)
+        [after] = client.run(mmapped_bytes_of_a_4mib_array).values()
+    assert after == 0
+
+
 PRESTARTED_WORKER_PROBE = r"""
 import signal, sys
 from tokenshards.cluster.prestart import start_forkserver
