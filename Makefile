@@ -77,10 +77,11 @@ scheduler: $(STAMP)
 	DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=5 \
 		$(BIN)/dask scheduler --port $(SCHEDULER_PORT) --dashboard-address :$(DASHBOARD_PORT)
 
-# One single-threaded worker process per core (NWORKERS=-1): tiktoken holds the GIL.
+# One single-threaded worker process per core (NWORKERS=-1): tiktoken holds the GIL. Arrow's
+# allocator keeps freed pages for a second, for the next partition's read (prestart.ARROW_MIMALLOC).
 worker: $(STAMP)
 	@test -n "$(SCHEDULER)" || { echo "make worker needs SCHEDULER=tcp://HOST:8786"; exit 2; }
-	$(BIN)/dask worker $(SCHEDULER) --nworkers $(NWORKERS) --nthreads 1
+	MIMALLOC_PURGE_DELAY=$${MIMALLOC_PURGE_DELAY:-1000} $(BIN)/dask worker $(SCHEDULER) --nworkers $(NWORKERS) --nthreads 1
 
 # make inspect OUT=out/demo: the summary, and the lengths plot in OUT/lengths.png (out/ is in
 # .gitignore); PLOT=FILE.png puts it elsewhere, PLOT= (empty) skips it.
