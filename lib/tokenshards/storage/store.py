@@ -365,9 +365,15 @@ class _DirectWrite(PendingWrite):
         self.path, self.tmp, self.fd = path, tmp, fd
         size = len(data)
         padded = -(-size // DIRECT_ALIGN) * DIRECT_ALIGN
-        view = memoryview(_aligned_buffer(padded))[:padded]
-        view[:size] = data
-        self.future = _WAITS.submit(_write_direct, fd, view, size)
+        try:
+            view = memoryview(_aligned_buffer(padded))[:padded]
+            view[:size] = data
+            self.future = _WAITS.submit(_write_direct, fd, view, size)
+        except BaseException:
+            self._close()
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.tmp)
+            raise
 
     def finish(self) -> None:
         try:
