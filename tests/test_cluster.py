@@ -300,7 +300,7 @@ def test_a_hand_started_worker_keeps_freed_memory_for_reuse(tmp_path, corpus):
     """Dask starts a worker with MALLOC_TRIM_THRESHOLD_=65536, which pins glibc's mmap threshold at
     128 KiB: every array of a partition is mmapped, faulted in and unmapped, task after task. Our
     LocalCluster's workers start with other settings (``prestart.worker_environment``); a worker
-    started by hand gets them from the encoder's plugin when a run registers it (``mallopt``)."""
+    started by hand gets them (``mallopt``) from the plugin a command registers as it connects."""
     from daskprocs import dask_processes
 
     def mmapped_bytes_of_a_4mib_array() -> int:

@@ -19,9 +19,10 @@ from typing import Any, Callable, Iterator
 
 import dask
 import yaml
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, WorkerPlugin
 
 from . import interrupt
+from .prestart import REUSE_BYTES, reuse_freed_memory
 from ..errors import UserError
 from .slurm import SlurmJobsWatch, check_slurm_job
 from ..wording import counted
@@ -311,7 +312,20 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
             # the scheduler (which, in this process, would serialize each result once more).
             with cluster, Client(cluster, direct_to_workers=True) as client:
                 announce(f"dashboard: {client.dashboard_link}  (local cluster{source}: {counted(n, 'process worker')})")
+                if os.environ.get("MALLOC_TRIM_THRESHOLD_") != REUSE_BYTES:  # not forked from our forkserver
+                    client.register_plugin(ReuseFreedMemory())
                 yield client
+
+
+class ReuseFreedMemory(WorkerPlugin):
+    """``prestart.reuse_freed_memory`` on every worker of a cluster we did not start with our
+    forkserver (``dask worker`` by hand, SLURM, Kubernetes, SSH), those that join later included."""
+
+    name = "tokenshards-reuse-freed-memory"
+    idempotent = True
+
+    def setup(self, worker):
+        reuse_freed_memory()
 
 
 @contextlib.contextmanager
@@ -325,6 +339,7 @@ def _remote_client(*, address: str | None = None, scheduler_file: str | None = N
     except (OSError, TimeoutError) as e:
         raise UserError(f"cannot reach the Dask scheduler at {where}: {e}; is `dask scheduler` running there?") from e
     with client:
+        client.register_plugin(ReuseFreedMemory())
         n = len(client.scheduler_info(n_workers=-1)["workers"])
         announce(f"dashboard: {client.dashboard_link}  (scheduler {client.scheduler.address}, {counted(n, 'worker')}"
                  + ("; tasks wait until a `dask worker` joins" if n == 0 else "") + ")")
@@ -342,6 +357,7 @@ def _backend_client(config: ClusterConfig, *, announce: Callable[[str], None]) -
         raise UserError(f"cluster config {config.path}: could not start the {config.kind} cluster: "
                         f"{type(e).__name__}: {e}") from e
     with cluster, Client(cluster) as client:
+        client.register_plugin(ReuseFreedMemory())
         if config.kind == "slurm":
             check_slurm_job(cluster, config)
         if config.kind == "slurm" and config.workers:

@@ -73,7 +73,8 @@ def reuse_freed_memory(environ: Mapping[str, str] = os.environ) -> bool:
     """In a worker Dask started with its default MALLOC_TRIM_THRESHOLD_ (a ``dask worker`` by hand,
     SLURM's and Kubernetes' workers: all but our LocalCluster's, see ``worker_environment``), set
     glibc's thresholds to ``REUSE_BYTES`` now, as that environment would have at start. glibc reads
-    them once, before any of our code runs, but ``mallopt`` changes them in a running process. On 1 GB
+    them once, before any of our code runs, but ``mallopt`` changes them in a running process
+    (``connect.ReuseFreedMemory`` runs this on such a cluster's workers). On 1 GB
     of English through a hand-started ``dask scheduler`` + ``dask worker --nworkers 2``, four
     interleaved pairs: tokenizing phase 5.03 -> 4.56 s (medians). True when it set them; a value you
     set, or a C library without ``mallopt`` (macOS, musl's refuses), is left as it is."""

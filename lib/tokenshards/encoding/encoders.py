@@ -261,11 +261,8 @@ class EncoderPlugin(WorkerPlugin):
         self.backend = None
 
     def setup(self, worker):
-        from ..cluster.prestart import reuse_freed_memory
         from . import prebuilt
         from .backends import build_backend
-
-        reuse_freed_memory()  # a worker Dask started with its own allocator settings (not our LocalCluster's)
 
         found = prebuilt.for_worker(self.fingerprint, self.backend_name)  # a local worker's, verified already
         if found is not None:
