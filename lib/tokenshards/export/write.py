@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +18,7 @@ import numpy as np
 from ..errors import UserError
 from ..format.reader import PartitionFiles
 from ..format.v1 import PartitionEntry
-from ..storage.store import filesystem, is_local
+from ..storage.store import filesystem, is_local, temporary_beside
 from .layout import Chunk
 from .valsplit import Threshold, candidates, id_hashes, is_val
 from .view import DocView
@@ -164,7 +163,7 @@ def open_target(fs, path: str, nbytes: int) -> Target:
     """Client side: a full-size temporary file, or a new multipart upload."""
     kind = target_kind(fs)
     if kind == "local":
-        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        tmp = temporary_beside(path)
         with open(tmp, "wb") as f:
             f.truncate(nbytes)
         return Target(kind=kind, path=path, nbytes=nbytes, tmp=tmp)

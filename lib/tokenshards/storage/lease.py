@@ -36,7 +36,7 @@ import fsspec
 
 from ..cluster.machines import process_space
 from ..errors import UserError
-from .store import display_url, is_local, is_s3, join, write_atomic
+from .store import display_url, is_local, is_s3, join, temporary_beside, write_atomic
 
 LEASE_FILE = ".tokenshards-lease.json"
 DEFAULT_TTL = 120.0
@@ -122,8 +122,7 @@ class _LocalOps:
         return raw, raw
 
     def create(self, data: bytes) -> bytes:
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        tmp = f"{self.path}.{uuid.uuid4().hex}.tmp"
+        tmp = temporary_beside(self.path)
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
