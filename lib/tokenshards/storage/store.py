@@ -375,9 +375,7 @@ class _DirectWrite(PendingWrite):
             view[:size] = data
             self.future = _WAITS.submit(_write_direct, fd, view, size)
         except BaseException:
-            self._close()
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.tmp)
+            self._discard()
             raise
 
     def finish(self) -> None:
@@ -393,6 +391,10 @@ class _DirectWrite(PendingWrite):
     def abort(self) -> None:
         with contextlib.suppress(BaseException):
             self.future.result()  # the thread reads the buffer until it ends
+        self._discard()
+
+    def _discard(self) -> None:
+        """The file closed and its temporary removed: what an abort leaves (nothing)."""
         self._close()
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.tmp)
