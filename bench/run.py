@@ -365,10 +365,10 @@ def measure_corpus(corpus: Path, a, scratch: Path, peer, *, keep_last: bool) -> 
             step()
         print(f"repeat {r + 1}/{a.repeats}: " + ", ".join(f"{k} {v[-1]['tokens_per_s'] / 1e6:.2f} M tok/s"
                                                      for k, v in runs.items()), file=sys.stderr)
-    last = Path(runs[f"ours_{default}"][-1]["out"])
     if keep_last:  # the export targets read it: it leaves the folder removed below
+        last = runs[f"ours_{default}"][-1]
         shutil.rmtree(scratch / f"out-{default}", ignore_errors=True)
-        runs[f"ours_{default}"][-1]["out"] = str(last.rename(scratch / f"out-{default}"))
+        last["out"] = str(Path(last["out"]).rename(scratch / f"out-{default}"))
     shutil.rmtree(kept, ignore_errors=True)
     if "peer_megatron" in runs:  # its count against ours
         peer_info.update(our_tokens=runs[f"ours_{default}"][0]["tokens"])
