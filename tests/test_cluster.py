@@ -420,8 +420,8 @@ def test_forkserver_lets_workers_reuse_freed_memory_unless_dask_config_says_othe
 
     mimalloc = {"MIMALLOC_PURGE_DELAY": "1000"}
     dask_default = {"MALLOC_TRIM_THRESHOLD_": 65536, "OMP_NUM_THREADS": 1}
-    assert worker_environment(dask_default) == {"MALLOC_TRIM_THRESHOLD_": str(16 * 2**20),
-                                                "MALLOC_MMAP_THRESHOLD_": str(16 * 2**20), "OMP_NUM_THREADS": "1", **mimalloc}
+    assert worker_environment(dask_default) == {"MALLOC_TRIM_THRESHOLD_": str(32 * 2**20),
+                                                "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "OMP_NUM_THREADS": "1", **mimalloc}
     assert worker_environment({"MALLOC_TRIM_THRESHOLD_": 0, "OMP_NUM_THREADS": 4},
                               inherited={"MIMALLOC_PURGE_DELAY": "50", "PATH": "/bin"}) == {
         "MALLOC_TRIM_THRESHOLD_": "0", "OMP_NUM_THREADS": "4", **mimalloc, "MIMALLOC_PURGE_DELAY": "50"}
