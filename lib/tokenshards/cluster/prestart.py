@@ -62,12 +62,13 @@ DASK_TRIM_THRESHOLD = 65536
 """Dask's default MALLOC_TRIM_THRESHOLD_ for the workers it spawns."""
 REUSE_BYTES = str(32 * 2**20)
 """Arrays up to this size come from (and go back to) the heap; at most this much free heap is kept.
-32 MiB is the most glibc takes as its mmap threshold on 64-bit (half its heap size). It matters
-for gigatoken's output, a Rust ``Vec`` of uint32 that doubles as it grows: 8 MiB of English text is
-~3 M tokens, a 16 MiB ``Vec``, which at a 16 MiB threshold was mapped fresh and faulted in every
-partition (~3,000 page faults each). 1 GB of English, 2 workers, five interleaved pairs: phase 4.29
--> 4.01 s, whole 5.1 -> 4.8 s (medians), page faults -88% in a plain process, ~25 MB more peak RSS
-per worker; all languages, three pairs: phase 6.57 -> 6.40 s."""
+The size is set by gigatoken's output, a Rust ``Vec`` of uint32 that doubles as it grows: a default
+partition (8 MiB of English text) is ~3 M tokens, a 16 MiB ``Vec``, which at a 16 MiB threshold was
+mapped fresh and faulted in every partition (~3,000 page faults each). 32 MiB keeps it on the heap;
+64 MiB measured no better (page faults and CPU alike, a plain process) and keeps more free memory.
+1 GB of English, 2 workers, five interleaved pairs: phase 4.29 -> 4.01 s, whole 5.1 -> 4.8 s
+(medians), page faults -88% in a plain process, ~25 MB more peak RSS per worker; all languages,
+three pairs: phase 6.57 -> 6.40 s."""
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -111,7 +112,7 @@ def worker_environment(pre_spawn_environ: dict, *, inherited: Mapping[str, str] 
     unmanaged memory creeps) also pins glibc's mmap threshold at 128 KiB, so every array of a
     partition is mmapped, faulted in zeroed and unmapped again, task after task: 13-18% of a
     gigatoken worker's CPU, measured here. Our workers allocate the same sizes in every task, so
-    glibc may keep up to ``REUSE_BYTES`` free for reuse (~45 MB more per worker at peak, measured). A value
+    glibc may keep up to ``REUSE_BYTES`` free for reuse (measured: ~20 MB more per worker at peak at 16 MiB, ~25 MB more again at 32 MiB). A value
     set in your Dask config is left as it is. And Arrow's allocator gets ``ARROW_MIMALLOC``, each
     unless ``inherited`` (this process's environment) or the Dask config already sets it."""
     environment = {k: str(v) for k, v in pre_spawn_environ.items()}
