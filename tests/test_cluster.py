@@ -331,7 +331,7 @@ def test_a_hand_started_worker_keeps_freed_memory_for_reuse(tmp_path, corpus):
 
 
 PRESTARTED_WORKER_PROBE = r"""
-import signal, sys
+import gc, signal, sys
 from tokenshards.cluster.prestart import start_forkserver
 from tokenshards.cluster.connect import connect
 
@@ -344,21 +344,25 @@ if __name__ == "__main__":
                            if m in sys.modules),
                     signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
                     # its handshake's versions came from the server's cache (else: all misses)
-                    _version_cached.cache_info().hits > 0)
+                    _version_cached.cache_info().hits > 0,
+                    # the server imported with its collector stopped (forkserver_begin), then froze
+                    # what it made and started it again (forkserver_preload): the worker collects
+                    gc.isenabled() and gc.get_freeze_count() > 100_000)
         print(sorted(client.run(probe).values()))
 """
 
 
 def test_local_workers_fork_from_a_preloaded_server_and_ignore_ctrl_c(tmp_path):
     """What the command line does first (prestart.py): workers start with the task modules already
-    imported and the versions their handshake sends already known (``forkserver_preload``), and
-    ignore SIGINT so that only the client handles a terminal's Ctrl-C."""
+    imported and the versions their handshake sends already known (``forkserver_preload``), with
+    the garbage collector running again over a frozen heap, and ignore SIGINT so that only the
+    client handles a terminal's Ctrl-C."""
     script = tmp_path / "probe.py"
     script.write_text(PRESTARTED_WORKER_PROBE)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     preloaded = ["awkward", "gigatoken", "pandas", "splintr", "tokenshards.tokenize.task"]
-    assert proc.stdout.strip() == repr([(preloaded, True, True)] * 2)
+    assert proc.stdout.strip() == repr([(preloaded, True, True, True)] * 2)
 
 
 PREBUILT_PROBE = r"""
@@ -425,6 +429,49 @@ def test_forkserver_lets_workers_reuse_freed_memory_unless_dask_config_says_othe
     assert worker_environment({"MALLOC_TRIM_THRESHOLD_": 0, "OMP_NUM_THREADS": 4},
                               inherited={"MIMALLOC_PURGE_DELAY": "50", "PATH": "/bin"}) == {
         "MALLOC_TRIM_THRESHOLD_": "0", "OMP_NUM_THREADS": "4", **mimalloc, "MIMALLOC_PURGE_DELAY": "50"}
+
+
+def test_start_up_pauses_the_garbage_collector_and_freezes_what_it_made():
+    """``prestart.gc_paused``: the collector is off inside the block, on again after it with what
+    the block made frozen, also when the block raises; a block inside another, or where the
+    collector was off already, leaves it as it found it."""
+    import gc
+
+    from tokenshards.cluster.prestart import gc_paused
+
+    assert gc.isenabled()
+    frozen = gc.get_freeze_count()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+            made = [[i] for i in range(1_000)]
+            with gc_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+        assert gc.isenabled() and gc.get_freeze_count() >= frozen + len(made)
+        with pytest.raises(ValueError, match="in start-up"), gc_paused():
+            raise ValueError("in start-up")
+        assert gc.isenabled()
+        gc.disable()
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+@pytest.mark.parametrize("command", [["tokenize", "--out", "o"], ["export", "o", "--to", "d", "--format", "nanogpt"], ["verify", "o"],
+                                     ["train-bpe", "--out", "v.tiktoken"]])
+def test_each_cluster_command_names_the_job_it_imports_at_start_up(command):
+    """The command line imports the command's job module while a local cluster's forkserver starts,
+    with the collector paused (``cli._prestart_local_workers``): the name must be a real module."""
+    import importlib
+
+    from tokenshards.cli import build_parser
+
+    args, _ = build_parser().parse_known_args(command)
+    assert importlib.import_module(args.job_module).__name__ == args.job_module
 
 
 def test_default_local_cluster_has_a_worker_per_core():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import importlib
 import json
 import os
 import sys
@@ -51,8 +52,11 @@ def _add_input_argument(p, what: str) -> None:
                    help=f"{what}; several after one --input (an unquoted glob the shell expanded), or repeat --input")
 
 
-def _add_cluster_arguments(p) -> None:
-    """Where a job runs: the same four options for every command that starts Dask work."""
+def _add_cluster_arguments(p, *, job: str) -> None:
+    """Where a job runs: the same options for every command that starts Dask work. ``job``: the
+    module its run function imports, imported early where a local cluster will start
+    (``_prestart_local_workers``)."""
+    p.set_defaults(job_module=job)
     p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
     p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
     p.add_argument("--cluster", metavar="CONFIG.yaml",
@@ -88,7 +92,7 @@ def _add_tokenize(sub) -> None:
     _add_input_argument(p, "parquet file, folder, glob or URL (s3://, hf://)")
     p.add_argument("--out", required=True, action="append",
                    help="output folder or s3://bucket/prefix; repeated, one per --encoding, in the same order")
-    _add_cluster_arguments(p)
+    _add_cluster_arguments(p, job="tokenshards.tokenize.job")
     p.add_argument("--encoding", action="append",
                    help="tiktoken encoding name or a train-bpe FILE.tiktoken (default: gpt2); repeat it, with an --out "
                         "for each, to write several encodings from one read of the corpus")
@@ -247,7 +251,7 @@ def _add_train_bpe(sub) -> None:
     p.add_argument("--min-count", type=int, default=1, help="drop pre-tokens seen fewer times (default 1: keep all)")
     p.add_argument("--text-column", default="text")
     _add_on_bad_file_argument(p, "recorded in the sidecar FILE.tiktoken.json")
-    _add_cluster_arguments(p)
+    _add_cluster_arguments(p, job="tokenshards.bpe.train")
     p.add_argument("--partition-mb", type=float, default=None,
                    help="text per partition in MB (default: as tokenize chooses, 8 MiB or more for huge corpora)")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
@@ -298,7 +302,7 @@ def _add_export(sub) -> None:
                    help="one per OUT: its share of the mixture's train tokens (default: each run's size)")
     p.add_argument("--tokens", type=_token_count, metavar="N",
                    help="train tokens of the mixture, e.g. 10B (default: the most that repeats no run)")
-    _add_cluster_arguments(p)
+    _add_cluster_arguments(p, job="tokenshards.export.job")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT and DEST; repeatable")
     p.set_defaults(run=_run_export)
@@ -329,7 +333,7 @@ def _add_verify(sub) -> None:
     p.add_argument("--deep", type=int, default=0, metavar="N",
                    help="also re-tokenize N random documents from the inputs and compare with tiktoken")
     p.add_argument("--seed", type=int, default=0, help="which documents --deep picks (default 0)")
-    _add_cluster_arguments(p)
+    _add_cluster_arguments(p, job="tokenshards.verify.job")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT and (with --deep) the inputs; repeatable")
     p.set_defaults(run=_run_verify)
@@ -397,11 +401,13 @@ def _prestart_local_workers(args) -> None:
 
         if load_cluster_config(args.cluster, workers=args.workers).kind != "local":
             return
-    from .cluster.prestart import start_forkserver
+    from .cluster.prestart import gc_paused, start_forkserver
 
-    # tokenize names its encodings and backend: the server prebuilds them for the workers.
-    backend = getattr(args, "backend", None)
-    start_forkserver(prebuild=(args.encoding or ["gpt2"], backend) if backend else None)
+    with gc_paused():  # start-up makes objects that live to the end: collecting meanwhile finds none
+        # tokenize names its encodings and backend: the server prebuilds them for the workers.
+        backend = getattr(args, "backend", None)
+        start_forkserver(prebuild=(args.encoding or ["gpt2"], backend) if backend else None)
+        importlib.import_module(args.job_module)
 
 
 def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> int:

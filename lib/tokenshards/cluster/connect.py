@@ -22,7 +22,7 @@ import yaml
 from distributed import Client, LocalCluster, WorkerPlugin
 
 from . import interrupt
-from .prestart import REUSE_BYTES, reuse_freed_memory
+from .prestart import REUSE_BYTES, gc_paused, reuse_freed_memory
 from ..errors import UserError
 from .slurm import SlurmJobsWatch, check_slurm_job
 from ..wording import counted
@@ -303,7 +303,7 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
             s = config.settings if config else {}
             n = s.get("workers") or workers or os.cpu_count() or 1
             source = f" ({config.path})" if config else ""
-            with interrupt.children_ignore_ctrl_c():
+            with interrupt.children_ignore_ctrl_c(), gc_paused():  # bokeh's dashboard, mostly: prestart.gc_paused
                 cluster = LocalCluster(n_workers=n, threads_per_worker=s.get("threads_per_worker", 1), processes=True,
                                        memory_limit=s.get("memory_limit", "auto"),
                                        dashboard_address=s.get("dashboard_address", dashboard_address),

@@ -1,9 +1,11 @@
 """Imported last by the local workers' forkserver (``prestart.PRELOAD``), never elsewhere: it
 answers once what every worker's handshake asks (``host_versions``), prebuilds the encoder the
-command asked for and freezes the server's heap (``encoding/prebuilt.py``)."""
+command asked for, freezes the server's heap (``encoding/prebuilt.py``) and starts the garbage
+collector again (``forkserver_begin`` stopped it): the workers forked from the server run with it."""
 from distributed.versions import get_versions
 
 from ..encoding import prebuilt
+from .prestart import resume_gc
 
 
 def host_versions() -> None:
@@ -15,5 +17,8 @@ def host_versions() -> None:
     get_versions()
 
 
-host_versions()
-prebuilt.build_requested()
+try:
+    host_versions()
+    prebuilt.build_requested()
+finally:
+    resume_gc()
