@@ -1,7 +1,8 @@
 """Imported last by the local workers' forkserver (``prestart.PRELOAD``), never elsewhere: it
 answers once what every worker's handshake asks (``host_versions``), prebuilds the encoder the
-command asked for, freezes the server's heap (``encoding/prebuilt.py``) and starts the garbage
-collector again (``forkserver_begin`` stopped it): the workers forked from the server run with it."""
+command asked for (``encoding/prebuilt.py``), then ends the pause ``forkserver_begin`` started
+(``prestart.resume_gc``): the server's heap is frozen, so the workers' garbage collector never
+walks (and so never copies) the pages they share with the server, and runs again for the rest."""
 from distributed.versions import get_versions
 
 from ..encoding import prebuilt

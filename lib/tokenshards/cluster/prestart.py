@@ -117,8 +117,8 @@ def worker_environment(pre_spawn_environ: dict, *, inherited: Mapping[str, str] 
     unmanaged memory creeps) also pins glibc's mmap threshold at 128 KiB, so every array of a
     partition is mmapped, faulted in zeroed and unmapped again, task after task: 13-18% of a
     gigatoken worker's CPU, measured here. Our workers allocate the same sizes in every task, so
-    glibc may keep up to ``REUSE_BYTES`` free for reuse (measured: ~20 MB more per worker at peak at 16 MiB, ~25 MB more again at 32 MiB). A value
-    set in your Dask config is left as it is. And Arrow's allocator gets ``ARROW_MIMALLOC``, each
+    glibc may keep up to ``REUSE_BYTES`` free for reuse (measured: ~20 MB more per worker at peak
+    at 16 MiB, ~25 MB more again at 32 MiB). A value set in your Dask config is left as it is. And Arrow's allocator gets ``ARROW_MIMALLOC``, each
     unless ``inherited`` (this process's environment) or the Dask config already sets it."""
     environment = {k: str(v) for k, v in pre_spawn_environ.items()}
     if environment.get("MALLOC_TRIM_THRESHOLD_") == str(DASK_TRIM_THRESHOLD):

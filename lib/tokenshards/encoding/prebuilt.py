@@ -14,7 +14,6 @@ on any other cluster.
 """
 from __future__ import annotations
 
-import gc
 import json
 import os
 from dataclasses import dataclass
@@ -53,9 +52,8 @@ def request(encodings: str | Sequence[str], backend: str) -> None:
 
 
 def build_requested() -> None:
-    """The forkserver's last preload step: prebuild what ``request`` asked for, then freeze the
-    heap, so the workers' garbage collector never walks (and so never copies) the pages they
-    share with the server. Never raises: whatever fails here, the workers build their own."""
+    """The forkserver's last preload step: prebuild what ``request`` asked for (``forkserver_preload``
+    then freezes the server's heap). Never raises: whatever fails here, the workers build their own."""
     global _prebuilt
     try:
         names, requested = json.loads(os.environ[ENVIRONMENT])
@@ -63,7 +61,6 @@ def build_requested() -> None:
         names, requested = [], ""
     built = (_build(name, requested) for name in dict.fromkeys(names))
     _prebuilt = tuple(found for found in built if found is not None)
-    gc.freeze()
 
 
 def _build(name: str, requested: str) -> Prebuilt | None:
