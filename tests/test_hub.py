@@ -505,6 +505,33 @@ def test_workers_fetch_mode_downloads_once_per_machine(server, tokenize, tmp_pat
     assert manifest["inputs"][0]["path"] == f"hfcache://datasets/{REPO}@{server.commit}/sample/10BT/000_00000.parquet"
 
 
+def test_verify_deep_reads_a_workers_mode_run_from_its_download_folder_not_the_hub(server, tokenize, tmp_path,
+                                                                                   monkeypatch):
+    """A ``--fetch workers --download-dir DIR`` run records DIR; ``verify --deep`` on a new cluster
+    reads the sampled documents from the copies there (``--download-dir`` says where they are
+    now), asking the Hub for nothing."""
+    from huggingface_hub import constants
+
+    ds = _dataset(server, tmp_path, fetch="workers", download_dir=str(tmp_path / "dl"))
+    _, out = tokenize([], hub=ds, partition_bytes=300)
+    assert json.loads((out / "manifest.json").read_text())["hub"]["download_dir"] == str(tmp_path / "dl")
+
+    n = len(server.requests)
+    monkeypatch.setattr(constants, "ENDPOINT", server.url)  # HF_ENDPOINT, as verify's process read it
+    report = run_verify(VerifyConfig(out=str(out), deep=10_000, workers=1, dashboard_address=":0", progress="none"),
+                        announce=lambda m: None)  # a new cluster: the run's fetching plugin is not on it
+    assert report.ok and report.compared > 0, report.problems
+    assert not [r for r in server.requests[n:] if "/resolve/" in r.path]
+
+    (tmp_path / "dl").rename(tmp_path / "moved")  # where the machines mount it now
+    proc = subprocess.run([TOKENSHARDS, "verify", str(out), "--deep", "10000", "--download-dir", str(tmp_path / "moved"),
+                           "--workers", "1", "--dashboard-address", ":0", "--progress", "none"],
+                          env=_env(tmp_path, server), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{report.compared:,} documents re-tokenized: OK" in proc.stdout
+    assert not [r for r in server.requests[n:] if "/resolve/" in r.path]
+
+
 def test_a_workers_mode_out_an_earlier_version_made_still_resumes(server, tokenize, tmp_path):
     """Versions before this one knew a Hub reference (``hfcache://``) by its size only: such an OUT
     is re-claimed (its job file records the etag from now on) and resumes, fetching nothing again."""

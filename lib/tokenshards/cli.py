@@ -333,6 +333,9 @@ def _add_verify(sub) -> None:
     p.add_argument("--deep", type=int, default=0, metavar="N",
                    help="also re-tokenize N random documents from the inputs and compare with tiktoken")
     p.add_argument("--seed", type=int, default=0, help="which documents --deep picks (default 0)")
+    p.add_argument("--download-dir", metavar="DIR",
+                   help="with --deep, for a --fetch workers run: where each machine keeps its copies of the Hub files "
+                        "(default: the run's --download-dir, else the HF cache); files not there are read from the Hub")
     _add_cluster_arguments(p, job="tokenshards.verify.job")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT and (with --deep) the inputs; repeatable")
@@ -342,7 +345,8 @@ def _add_verify(sub) -> None:
 def _run_verify(args) -> int:
     from .verify.job import VerifyConfig, run_verify
 
-    config = VerifyConfig(out=args.out, deep=args.deep, seed=args.seed, **_run_options(args))
+    config = VerifyConfig(out=args.out, deep=args.deep, seed=args.seed, download_dir=args.download_dir,
+                          **_run_options(args))
     report = run_verify(config, announce=_say)
     for line in report.lines():
         print(line)

@@ -85,7 +85,10 @@ class WorkersFetched(Inputs):
         return self._lanes.get(url)
 
     def record(self) -> dict:
-        return {"hub": self.listing.record()}
+        """The listing's record, and the workers' ``--download-dir`` (a path on each machine), so
+        that ``verify --deep`` finds their copies there instead of reading the Hub."""
+        where = {"download_dir": self.ds.download_dir} if self.ds.download_dir else {}
+        return {"hub": {**self.listing.record(), **where}}
 
     def _uri(self, f: HubFile) -> str:
         return cache_uri(self.listing.repo, self.listing.commit, f.path)

@@ -44,6 +44,10 @@ class VerifyConfig(RunOptions):
     deep: int = 0
     """Documents to re-tokenize from the inputs (0: none)."""
     seed: int = 0
+    download_dir: str | None = None
+    """Where ``--deep`` finds each machine's copy of a ``--fetch workers`` run's Hub files (that
+    run's ``--download-dir``, a path on every machine); None: the folder the run recorded, else
+    each machine's HF cache. A file not there is read from the Hub by range."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -272,7 +276,8 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
             client.register_plugin(plugin)
             identities = {i["path"]: i["identity"] for i in manifest.inputs
                           if isinstance(i, dict) and i.get("path") in sampled and isinstance(i.get("identity"), dict)}
-            for hub in _hub_reading_plugins(identities):  # a --fetch workers run's hfcache:// inputs
+            download_dir = config.download_dir or _recorded_download_dir(manifest)
+            for hub in _hub_reading_plugins(identities, download_dir=download_dir):  # a --fetch workers run's inputs
                 client.register_plugin(hub)
             expected = dataclasses.replace(expected, encoder=plugin.ref, input_identities=identities)
         announce(f"verifying {counted(len(entries), 'partition')} of {config.out}"
@@ -295,14 +300,21 @@ def _verify_partitions(client: Client, entries: list[PartitionEntry], sample: di
     return problems, sum(compared for _, compared in results)
 
 
-def _hub_reading_plugins(identities: dict[str, dict]) -> list:
+def _hub_reading_plugins(identities: dict[str, dict], *, download_dir: str | None) -> list:
     """Read-only ``hfcache://`` plugins for the sampled inputs of a ``--fetch workers`` run (none
     otherwise: then huggingface_hub is not even imported)."""
     if not any(url.startswith(f"{PROTOCOL}://") for url in identities):
         return []
     from ..storage.hub.workerfs import reading_plugins
 
-    return reading_plugins(identities)
+    return reading_plugins(identities, download_dir=download_dir)
+
+
+def _recorded_download_dir(manifest: Manifest) -> str | None:
+    """The ``--download-dir`` a ``--fetch workers`` run's workers downloaded into, as it recorded it."""
+    hub = manifest.extra.get("hub")
+    found = hub.get("download_dir") if isinstance(hub, dict) else None
+    return found if isinstance(found, str) and found else None
 
 
 def _deep_encoding(manifest: Manifest, *, announce: Callable[[str], None]):

@@ -144,10 +144,12 @@ class HubFetchPlugin(WorkerPlugin):
             del HubCacheFileSystem.datasets[self.key]
 
 
-def reading_plugins(identities: dict[str, dict], *, endpoint: str | None = None) -> list[HubFetchPlugin]:
+def reading_plugins(identities: dict[str, dict], *, endpoint: str | None = None,
+                    download_dir: str | None = None) -> list[HubFetchPlugin]:
     """For ``verify --deep``: a plugin that reads (never fetches) per (repo, commit) among a run's
     recorded inputs, {url: identity}; the files come from the identities the run recorded (size,
-    etag: ``reference_identity``); ``endpoint`` None: this process's HF_ENDPOINT."""
+    etag: ``reference_identity``); ``endpoint`` None: this process's HF_ENDPOINT. A machine's copy
+    is looked for in ``download_dir`` (the run's ``--download-dir``), else in its HF cache."""
     by_dataset: dict[tuple[str, str], list[HubFile]] = {}
     for url, identity in identities.items():
         if not url.startswith(f"{PROTOCOL}://"):
@@ -158,7 +160,7 @@ def reading_plugins(identities: dict[str, dict], *, endpoint: str | None = None)
     plugins = []
     for (repo, commit), files in sorted(by_dataset.items()):
         folder = files[0].path.rsplit("/", 1)[0]
-        ds = HubDataset(repo=repo, size=folder_size(folder), endpoint=endpoint)
+        ds = HubDataset(repo=repo, size=folder_size(folder), endpoint=endpoint, download_dir=download_dir)
         listing = HubListing(repo=repo, revision=commit, commit=commit, folder=folder, files=tuple(files))
         plugins.append(HubFetchPlugin(ds, listing, fetch=False))
     return plugins
