@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -495,6 +496,28 @@ def _tree(root: Path) -> dict[str, bytes]:
             if p.is_file() and "lease" not in p.name}
 
 
+def test_a_later_reading_plugin_replaces_an_earlier_one_but_never_a_runs(monkeypatch):
+    """Readers after a run (verify, inspect) register the run's Hub references again, maybe with
+    another download folder: the latest reader's entry counts, but a fetching run's entry (on
+    the same cluster) stays, since it knows where the run's copies are."""
+    from tokenshards.storage.hub.listing import HubListing
+    from tokenshards.storage.hub.workerfs import HubCacheFileSystem, HubFetchPlugin, cache_uri, reading_plugins
+
+    monkeypatch.setattr(HubCacheFileSystem, "datasets", {})
+    commit = "c" * 40
+    identities = {cache_uri(REPO, commit, "sample/10BT/000_00000.parquet"): {"size": 10, "etag": "e"}}
+    key = (REPO, commit)
+    for folder in ("/first", "/second"):
+        [plugin] = reading_plugins(identities, endpoint="http://hub.test", download_dir=folder)
+        plugin.setup(worker=None)
+        assert HubCacheFileSystem.datasets[key].ds.download_dir == folder and not HubCacheFileSystem.datasets[key].fetch
+    listing = HubListing(repo=REPO, revision=commit, commit=commit, folder="sample/10BT",
+                         files=tuple(plugin.files.values()))
+    HubFetchPlugin(plugin.ds, listing).setup(worker=None)  # a run on this cluster
+    plugin.setup(worker=None)
+    assert HubCacheFileSystem.datasets[key].fetch
+
+
 def test_workers_fetch_mode_downloads_once_per_machine(server, tokenize, tmp_path, gpt2):
     ds = _dataset(server, tmp_path, fetch="workers")
     _, out = tokenize([], hub=ds)
@@ -530,6 +553,33 @@ def test_verify_deep_reads_a_workers_mode_run_from_its_download_folder_not_the_h
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{report.compared:,} documents re-tokenized: OK" in proc.stdout
     assert not [r for r in server.requests[n:] if "/resolve/" in r.path]
+
+
+def test_inspect_counts_a_workers_mode_run_per_language_from_its_copies_or_the_hub(server, tokenize, tmp_path):
+    """``inspect`` reads a ``--fetch workers`` run's per-language column (here FineWeb's ``dump``)
+    from this machine's copies in the run's download folder, else by range from the Hub: the
+    same counts as for a run that read local files."""
+    _, local = tokenize([], out=tmp_path / "local", hub=_dataset(server, tmp_path, download_dir=str(tmp_path / "a")))
+    _, out = tokenize([], hub=_dataset(server, tmp_path, fetch="workers", download_dir=str(tmp_path / "dl")))
+
+    def languages(run: Path) -> list[str]:
+        proc = subprocess.run([TOKENSHARDS, "inspect", str(run), "--language-column", "dump"],
+                              env=_env(tmp_path, server), capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        lines = [re.sub(r"input \S+/(sample/10BT/)", r"input \1", line) for line in proc.stdout.splitlines()]
+        return lines[next(i for i, line in enumerate(lines) if line.startswith("per language")):]  # inputs by name
+
+    expected = languages(local)
+    assert any("CC-MAIN-2024-10" in line for line in expected), expected
+    n = len(server.requests)
+    assert languages(out) == expected
+    assert not [r for r in server.requests[n:] if "/resolve/" in r.path]  # its copies here
+
+    shutil.rmtree(tmp_path / "dl")
+    n = len(server.requests)
+    assert languages(out) == expected
+    read = [r for r in server.requests[n:] if "/resolve/" in r.path and r.method == "GET"]
+    assert read and all(r.range and r.status == 206 for r in read)  # by range, no file downloaded
 
 
 def test_a_workers_mode_out_an_earlier_version_made_still_resumes(server, tokenize, tmp_path):

@@ -5,7 +5,8 @@ them), so memory stays flat however large the run: document lengths go into a fi
 log-spaced histogram (exact below 301 tokens, bins under 0.7% wide above), from which the
 percentiles and the plot come. Per-language counts need the inputs' ``language`` column,
 which format v1's docs files do not carry: it is read from the inputs the manifest lists
-(the partition's row groups, matched by the docs' ``row``) when they are still reachable.
+(the partition's row groups, matched by the docs' ``row``) when they are still reachable; a
+``--fetch workers`` run's Hub references from this machine's copy, else by range from the Hub.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from ..format.v1 import Manifest, PartitionEntry
 from ..errors import UserError
 from ..cluster.progress import human
 from ..wording import counted
+from ..storage.hubspec import reading_plugins_for_run
 from ..storage.store import filesystem, join, write_atomic
 
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
@@ -108,6 +110,8 @@ def inspect_output(out: str, *, storage_options: dict | None = None, language_co
                    threads: int = 8) -> RunStats:
     """Read OUT's manifest, then every partition's docs file (and its input's language column)."""
     fs, root, manifest = v1.open_finished(out, storage_options)
+    for hub in reading_plugins_for_run(manifest.inputs, manifest.extra):  # a --fetch workers run's inputs:
+        hub.setup(worker=None)  # read in this process, from its copy here, else by range from the Hub
     stats = RunStats(out=out, manifest=manifest, language_column=language_column)
     inputs = _InputCache(storage_options, language_column)
     parts = manifest.partitions

@@ -30,7 +30,7 @@ from ..encoding.encoders import EncoderPlugin, load_encoding
 from ..errors import UserError
 from ..wording import counted
 from ..tokenize.footers import WORKER_FOOTERS
-from ..storage.hubspec import PROTOCOL
+from ..storage.hubspec import reading_plugins_for_run
 from ..storage.store import describe_identity_change, file_identity_like, filesystem, is_local, join, read_json
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
@@ -276,8 +276,8 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
             client.register_plugin(plugin)
             identities = {i["path"]: i["identity"] for i in manifest.inputs
                           if isinstance(i, dict) and i.get("path") in sampled and isinstance(i.get("identity"), dict)}
-            download_dir = config.download_dir or _recorded_download_dir(manifest)
-            for hub in _hub_reading_plugins(identities, download_dir=download_dir):  # a --fetch workers run's inputs
+            for hub in reading_plugins_for_run(manifest.inputs, manifest.extra, paths=sampled,
+                                               download_dir=config.download_dir):  # a --fetch workers run's inputs
                 client.register_plugin(hub)
             expected = dataclasses.replace(expected, encoder=plugin.ref, input_identities=identities)
         announce(f"verifying {counted(len(entries), 'partition')} of {config.out}"
@@ -298,23 +298,6 @@ def _verify_partitions(client: Client, entries: list[PartitionEntry], sample: di
                             progress=Progress(len(entries), mode=config.progress, amount=None))
     problems = [p for partition_problems, _ in results for p in partition_problems]
     return problems, sum(compared for _, compared in results)
-
-
-def _hub_reading_plugins(identities: dict[str, dict], *, download_dir: str | None) -> list:
-    """Read-only ``hfcache://`` plugins for the sampled inputs of a ``--fetch workers`` run (none
-    otherwise: then huggingface_hub is not even imported)."""
-    if not any(url.startswith(f"{PROTOCOL}://") for url in identities):
-        return []
-    from ..storage.hub.workerfs import reading_plugins
-
-    return reading_plugins(identities, download_dir=download_dir)
-
-
-def _recorded_download_dir(manifest: Manifest) -> str | None:
-    """The ``--download-dir`` a ``--fetch workers`` run's workers downloaded into, as it recorded it."""
-    hub = manifest.extra.get("hub")
-    found = hub.get("download_dir") if isinstance(hub, dict) else None
-    return found if isinstance(found, str) and found else None
 
 
 def _deep_encoding(manifest: Manifest, *, announce: Callable[[str], None]):

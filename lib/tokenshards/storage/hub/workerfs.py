@@ -134,7 +134,8 @@ class HubFetchPlugin(WorkerPlugin):
 
     def setup(self, worker):
         mine = Registered(self.ds, self.files, self.fetch)
-        if self.fetch or self.key not in HubCacheFileSystem.datasets:  # a run's entry serves a verify too
+        known = HubCacheFileSystem.datasets.get(self.key)
+        if self.fetch or known is None or not known.fetch:  # a run's entry serves a verify too
             HubCacheFileSystem.datasets[self.key] = mine
         fsspec.register_implementation(PROTOCOL, HubCacheFileSystem, clobber=True)
 
