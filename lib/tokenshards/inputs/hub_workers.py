@@ -86,7 +86,8 @@ class WorkersFetched(Inputs):
 
     def record(self) -> dict:
         """The listing's record, and the workers' ``--download-dir`` (a path on each machine), so
-        that ``verify --deep`` finds their copies there instead of reading the Hub."""
+        that readers after the run (``verify --deep``, ``inspect``) find their copies there
+        instead of reading the Hub."""
         where = {"download_dir": self.ds.download_dir} if self.ds.download_dir else {}
         return {"hub": {**self.listing.record(), **where}}
 

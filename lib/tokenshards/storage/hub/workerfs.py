@@ -3,10 +3,11 @@ each downloaded into that worker's own machine (its HF cache, or ``download_dir`
 that machine) the first time a task opens it. ``HubFetchPlugin`` registers the filesystem on
 every worker with the client's endpoint and listing.
 
-A run's manifest keeps those references, so ``verify --deep`` opens them too, maybe on machines
-that never held the files: its plugin (``fetch=False``) reads this machine's copy where there is
-one, else only the byte ranges a read asks for, from the Hub at the run's commit
-(huggingface_hub's ``HfFileSystem``), never downloading a whole file to check a few documents."""
+A run's manifest keeps those references (and its ``--download-dir``), so ``verify --deep`` (on
+the workers) and ``inspect`` (in its own process) open them too, maybe on machines that never
+held the files: their plugin (``fetch=False``) reads this machine's copy where there is one, else
+only the byte ranges a read asks for, from the Hub at the run's commit (huggingface_hub's
+``HfFileSystem``), never downloading a whole file to check a few documents."""
 from __future__ import annotations
 
 import dataclasses
@@ -135,7 +136,9 @@ class HubFetchPlugin(WorkerPlugin):
     def setup(self, worker):
         mine = Registered(self.ds, self.files, self.fetch)
         known = HubCacheFileSystem.datasets.get(self.key)
-        if self.fetch or known is None or not known.fetch:  # a run's entry serves a verify too
+        # A fetching run's entry stays (it knows where the run's copies are, and serves a verify on
+        # the same cluster too); a later reader's replaces an earlier reader's (another folder, maybe).
+        if self.fetch or known is None or not known.fetch:
             HubCacheFileSystem.datasets[self.key] = mine
         fsspec.register_implementation(PROTOCOL, HubCacheFileSystem, clobber=True)
 
@@ -147,10 +150,11 @@ class HubFetchPlugin(WorkerPlugin):
 
 def reading_plugins(identities: dict[str, dict], *, endpoint: str | None = None,
                     download_dir: str | None = None) -> list[HubFetchPlugin]:
-    """For ``verify --deep``: a plugin that reads (never fetches) per (repo, commit) among a run's
-    recorded inputs, {url: identity}; the files come from the identities the run recorded (size,
-    etag: ``reference_identity``); ``endpoint`` None: this process's HF_ENDPOINT. A machine's copy
-    is looked for in ``download_dir`` (the run's ``--download-dir``), else in its HF cache."""
+    """For readers after a run (``verify --deep``, ``inspect``): a plugin that reads (never
+    fetches) per (repo, commit) among a run's recorded inputs, {url: identity}; the files come
+    from the identities the run recorded (size, etag: ``reference_identity``); ``endpoint`` None:
+    this process's HF_ENDPOINT. A machine's copy is looked for in ``download_dir`` (the run's
+    ``--download-dir``), else in its HF cache."""
     by_dataset: dict[tuple[str, str], list[HubFile]] = {}
     for url, identity in identities.items():
         if not url.startswith(f"{PROTOCOL}://"):
