@@ -547,8 +547,9 @@ def test_verify_deep_reads_a_workers_mode_run_from_its_download_folder_not_the_h
     assert not [r for r in server.requests[n:] if "/resolve/" in r.path]
 
     (tmp_path / "dl").rename(tmp_path / "moved")  # where the machines mount it now
-    proc = subprocess.run([TOKENSHARDS, "verify", str(out), "--deep", "10000", "--download-dir",
-                           str(tmp_path / "moved"), "--workers", "1", "--dashboard-address", ":0", "--progress", "none"],
+    moved = str(tmp_path / "moved")
+    proc = subprocess.run([TOKENSHARDS, "verify", str(out), "--deep", "10000", "--download-dir", moved,
+                           "--workers", "1", "--dashboard-address", ":0", "--progress", "none"],
                           env=_env(tmp_path, server), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{report.compared:,} documents re-tokenized: OK" in proc.stdout
