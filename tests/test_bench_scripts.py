@@ -21,3 +21,27 @@ def test_where_time_goes_finds_every_step_of_a_real_task(tmp_path):
     # Every step is some of the CPU on any real partition, the writes above all (three files, fsynced).
     assert float(shares["write + fsync + commit"]) > 0, done.stdout
     assert float(shares["tokenizer"]) > 0 and float(shares["parquet decode"]) > 0, done.stdout
+
+
+def test_bench_report_says_what_the_whole_command_target_allowed_beside_our_floor(capsys, monkeypatch):
+    """``make bench`` prints, per corpus, the time the 0.88 target allowed (the ceiling times only its
+    encode call) beside our workers' CPU over the cores and our time outside the tokenizing phase;
+    here from the kept 1 GB results, so a change in their shape fails here, not after a bench."""
+    import json
+    from types import SimpleNamespace
+
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import run as bench
+
+    ours = [{"worker_cpu_seconds": 10.0, "seconds": 7.0, "phase_seconds": 5.0},
+            {"worker_cpu_seconds": 12.0, "seconds": 8.0, "phase_seconds": 5.5},
+            {"worker_cpu_seconds": 11.0, "seconds": 9.0, "phase_seconds": 6.0}]
+    budget = bench.whole_command_budget(ours, [{"seconds": 4.4}, {"seconds": 5.5}, {"seconds": 6.0}], workers=2)
+    assert budget == {"ceiling_seconds": 5.5, "allowed_seconds": 5.5 / 0.88, "worker_cpu_per_core_seconds": 5.5,
+                      "outside_phase_seconds": 2.5}
+    results = json.loads((REPO / "bench" / "results-1gb.json").read_text())
+    for name, measured in results["corpora"].items():
+        bench.print_corpus(name, measured, SimpleNamespace(workers=results["workers"], repeats=results["repeats"]))
+    lines = re.findall(r"whole-command target allowed \d+\.\d\d s .*? over 2 cores took \d+\.\d\d s .*? phase \d+\.\d\d s",
+                       capsys.readouterr().out)
+    assert len(lines) == len(results["corpora"]), lines
