@@ -462,7 +462,7 @@ def print_corpus(name: str, m: dict, a) -> None:
     print("  issue 24 targets (--backend " + m["default"] + "): "
           + "; ".join(f"{what}: {'ok' if ok else 'MISSED'}" for what, ok in checks))
     budget = whole_command_budget(m["runs"][f"ours_{m['default']}"], m["runs"][f"ceiling_{bare}"])
-    needed = (f"{budget['phase_vs_ceiling_needed']:.2f}x bare {bare}'s encode" if budget["phase_allowed_seconds"] > 0
+    needed = (f"{budget['phase_vs_ceiling_needed']:.2f}x bare {bare}'s encode" if budget["phase_vs_ceiling_needed"]
               else "nothing: the time outside the phase alone was more")
     print(f"      the whole-command target allowed {budget['allowed_seconds']:.2f} s (bare {bare}'s encode, median "
           f"{budget['ceiling_seconds']:.2f} s, / {WHOLE_TARGET}); after our {budget['outside_phase_seconds']:.2f} s outside "

@@ -1,9 +1,11 @@
 """The bench scripts that split a task's time read the task's own functions: a rename in the task
 must fail here, not print 0% for a step in the next ``make bench``."""
+import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from tokenshards.demo import build_demo_corpus
 
@@ -27,9 +29,6 @@ def test_bench_report_says_what_the_whole_command_target_left_our_phase(capsys, 
     """``make bench`` prints, per corpus, what the 0.88 target allowed (the ceiling times only its
     encode call) and how fast, after our time outside the tokenizing phase, the phase would have had
     to run; here also from the kept 1 GB results, so a change in their shape fails here, not after a bench."""
-    import json
-    from types import SimpleNamespace
-
     monkeypatch.syspath_prepend(str(REPO / "bench"))
     import run as bench
 
