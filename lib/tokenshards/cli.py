@@ -231,7 +231,7 @@ def _scaled(number: str, units: dict[str, int], *, given: str, expected: str) ->
 
 
 def _add_train_bpe(sub) -> None:
-    p = sub.add_parser("train-bpe", help="train a byte-level BPE vocabulary on parquet text (.tiktoken + .json)")
+    p = sub.add_parser("train-bpe", help="train a byte-level BPE vocabulary on parquet text (.tiktoken, .json, Hugging Face .hf/)")
     _add_input_argument(p, "parquet file, folder, glob or URL (s3://)")
     _add_hub_arguments(p)
     p.add_argument("--download-dir", metavar="DIR", help="with --dataset: download into DIR/sample/...")
@@ -239,7 +239,8 @@ def _add_train_bpe(sub) -> None:
                    help="with --dataset: this process downloads every file, or each worker machine its own files, "
                         "or (auto, default) what fits the cluster, as in tokenize")
     p.add_argument("--out", required=True, metavar="FILE.tiktoken",
-                   help="ranks file to write; its sidecar FILE.tiktoken.json is written beside it")
+                   help="ranks file to write; its sidecar FILE.tiktoken.json is written beside it, and FILE.hf/ "
+                        "(tokenizer.json + tokenizer_config.json, for transformers' AutoTokenizer)")
     p.add_argument("--vocab-size", type=int, default=32768,
                    help="n_vocab of the result, special tokens included (default 32768: ids fit uint16)")
     p.add_argument("--special", action="append", default=[], metavar="TOKEN",

@@ -23,6 +23,8 @@ from ..tokenize import corpus
 from ..tokenize.config import check_on_bad_file
 from ..tokenize.plan import Piece
 from ..encoding import ranks as ranks_io
+from ..encoding import tojson
+from ..storage.store import filesystem, is_local, write_atomic
 from ..wording import counted as counted_as
 from .count import Counted, count_on_cluster, resolve_pattern
 from .merge import train_merges
@@ -33,7 +35,8 @@ class TrainBpeConfig(RunOptions):
 
     inputs: tuple[str, ...]
     out: str
-    """Where the ranks go; must end in ``.tiktoken`` (the sidecar is OUT + ``.json``)."""
+    """Where the ranks go; must end in ``.tiktoken`` (the sidecar is OUT + ``.json``; the Hugging
+    Face folder is ``hf_folder(OUT)``)."""
     vocab_size: int = 32768
     """n_vocab of the result: mergeable ranks plus special tokens (32,768 fits uint16 output)."""
     specials: tuple[str, ...] = ()
@@ -103,6 +106,10 @@ class TrainSummary:
     seconds: float
     heldout_bytes: int
     heldout_tokens: int
+    hf_folder: str | None = None
+    """Where tokenizer.json + tokenizer_config.json went; None when they could not be made."""
+    hf_problem: str | None = None
+    """Why not (the .tiktoken pair is written all the same: it is what tokenize reads)."""
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -119,10 +126,52 @@ class TrainSummary:
             f"      time: counting {self.count_seconds:.1f} s, merging {self.merge_seconds:.1f} s, "
             f"checking+writing {self.check_seconds:.1f} s, total {self.seconds:.1f} s",
             f"      compression: {compression}",
+            (f"      Hugging Face: {self.hf_folder}/ (tokenizer.json + tokenizer_config.json; "
+             f"AutoTokenizer.from_pretrained({self.hf_folder!r}) gives the same ids)" if self.hf_folder
+             else f"      Hugging Face: no tokenizer.json written: {self.hf_problem}"),
         ]
         if self.exhausted:
             lines.append("      note: the corpus ran out of pairs before --vocab-size; the vocabulary is smaller than asked")
         return lines
+
+
+def hf_folder(out: str) -> str:
+    """``.../my.tiktoken`` → ``.../my.hf``: a folder, because that is what
+    ``AutoTokenizer.from_pretrained`` loads (tokenizer.json and tokenizer_config.json by those names)."""
+    return out[: -len(ranks_io.SUFFIX)] + ".hf"
+
+
+def write_hf_folder(out: str, params: dict, storage_options: dict | None = None) -> str:
+    """tokenizer.json + tokenizer_config.json for the trained ranks, each written atomically into
+    ``hf_folder(out)``; returns the folder. Raises ``UserError`` if they cannot be made or written."""
+    folder = hf_folder(out)
+    files = {
+        "tokenizer.json": tojson.tokenizer_json(params["mergeable_ranks"], params["pat_str"], params["special_tokens"]),
+        # <|endoftext|> is always the first special (see TrainBpeConfig.special_tokens): the document
+        # separator tokenize writes, so the end-of-sequence token for a model trained on the output.
+        "tokenizer_config.json": tojson.tokenizer_config_json(params["special_tokens"], eos=ranks_io.ENDOFTEXT),
+    }
+    fs, path = filesystem(folder, storage_options)
+    try:
+        if is_local(fs):
+            fs.makedirs(path, exist_ok=True)
+        for name, text in files.items():
+            write_atomic(fs, f"{path}/{name}", text.encode())
+    except OSError as e:
+        raise UserError(f"cannot write {folder!r}: {type(e).__name__}: {e}; choose another --out or fix its permissions") from e
+    return folder
+
+
+def _remove_stale_hf(out: str, storage_options: dict | None) -> str:
+    """An earlier run's Hugging Face files no longer match the ranks: remove them, or say so."""
+    fs, path = filesystem(hf_folder(out), storage_options)
+    try:
+        stale = [f"{path}/{name}" for name in ("tokenizer.json", "tokenizer_config.json") if fs.exists(f"{path}/{name}")]
+        if stale:
+            fs.rm(stale)
+    except OSError as e:
+        return f" (and the earlier run's {hf_folder(out)}/ could not be removed ({e}): it does not match the new ranks)"
+    return ""
 
 
 def select_sample(pieces: list[Piece], sample_bytes: int | None) -> list[Piece]:
@@ -229,5 +278,10 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
                             "partitions": counted.unreadable, "invalid_rows": counted.skipped_invalid}
     ranks_io.write_trained(config.out, params=params, pattern_name=pattern_name, stats=stats,
                            storage_options=config.storage_options)
+    try:  # after the ranks: a failure here must not throw away the training
+        summary = dataclasses.replace(summary, hf_folder=write_hf_folder(config.out, params, config.storage_options))
+    except UserError as e:
+        announce(f"not writing {hf_folder(config.out)}/: {e}")
+        summary = dataclasses.replace(summary, hf_problem=str(e) + _remove_stale_hf(config.out, config.storage_options))
     now = time.perf_counter()
     return dataclasses.replace(summary, check_seconds=now - t_check, seconds=now - t0)
