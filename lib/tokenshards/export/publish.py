@@ -185,8 +185,8 @@ def _staged_summary(staging: Path, record_name: str, to: str) -> ExportSummary |
     """The summary of the export a staging folder holds, from its record; None when a file is
     missing or of another size than the record says."""
     record = _read_json(staging / record_name)
-    if record is None:
-        return None
+    if not _record_files_ok(record):
+        return None  # exported again rather than trusted
     for f in record["files"]:
         p = staging / f["name"]
         if not (p.is_file() and p.stat().st_size == f["bytes"]):
@@ -195,6 +195,20 @@ def _staged_summary(staging: Path, record_name: str, to: str) -> ExportSummary |
     return ExportSummary(to=to, files=[f["name"] for f in record["files"]], val_docs=s["val"]["docs"],
                          val_tokens=s["val"]["tokens"], train_docs=s["train"]["docs"], train_tokens=s["train"]["tokens"],
                          seconds=0.0)
+
+
+def _record_files_ok(record) -> bool:
+    """An export record's ``files`` (what would be uploaded) are each a name relative to the
+    staging folder with a byte count, and its splits are counts: anything else is not ours."""
+    from ..format.v1 import relative_path_problem
+
+    try:
+        files, splits = record["files"], record["splits"]
+        return (isinstance(files, list) and all(isinstance(f, dict) and relative_path_problem(f.get("name")) is None
+                                                and type(f.get("bytes")) is int and f["bytes"] >= 0 for f in files)
+                and all(type(splits[s][k]) is int and splits[s][k] >= 0 for s in ("val", "train") for k in ("docs", "tokens")))
+    except (KeyError, TypeError):
+        return False
 
 
 def _read_json(path: Path):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import os
+import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
 
@@ -19,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import UserError
-from ..storage.store import filesystem, join, read_json, write_json
+from ..storage.store import filesystem, is_local, join, read_json, write_json
 
 if TYPE_CHECKING:  # the plan's types are only read by attribute here; format must not import tokenize
     from ..tokenize.plan import BadInput, InputFile
@@ -80,6 +82,267 @@ def part_index(name: str) -> int | None:
     return int(number) if base.startswith("part-") and number.isdigit() else None
 
 
+# -- the one parser's checks: types, ranges, paths (pure: no file is opened) -------------------------
+
+DTYPES = ("uint16", "uint32")
+EOT_POSITIONS = ("prefix", "suffix", "none")
+MAX_VOCAB = 2**32
+"""n_vocab at most 2**32: every id then fits uint32, the widest dtype format v1 stores."""
+MAX_TOKENS = 2**63 - 1
+"""Counts and offsets are int64 in the docs files and in every reader."""
+COUNT_KEYS = ("rows", "docs", "skipped_null", "skipped_empty", "tokens")
+
+
+def vocabulary_dtype(n_vocab: int) -> str:
+    """uint16 holds every id of a vocabulary of at most 65,536 (GPT-2: max id 50,256 < 2**16)."""
+    return "uint16" if n_vocab <= 2**16 else "uint32"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_count(value) -> bool:
+    return _is_int(value) and 0 <= value <= MAX_TOKENS
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _first(problems: list[str]) -> str:
+    more = len(problems) - 1
+    return problems[0] + (f" (and {more} more problem{'s' if more != 1 else ''})" if more else "")
+
+
+def relative_path_problem(path) -> str | None:
+    """Why ``path`` is not a path inside OUT, relative to it (None: it is one). A manifest is input
+    like any other: an absolute path, a ``..``, a scheme or a drive letter would let it name any
+    file, of another run or of the system, so none is allowed."""
+    if not isinstance(path, str) or not path:
+        return f"{_show(path)} is not a path"
+    if path.startswith(("/", "\\", "~")) or "\\" in path or "\0" in path:
+        return f"{_show(path)} is not a path relative to OUT (absolute, or with a backslash or NUL)"
+    if "://" in path or ":" in path.split("/", 1)[0]:
+        return f"{_show(path)} is not a path relative to OUT (it names a scheme or a drive)"
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        return f"{_show(path)} is not a plain path relative to OUT (empty, '.' or '..' parts)"
+    return None
+
+
+def encoding_problems(enc) -> list[str]:
+    """The ``encoding`` block's types and ranges: a vocabulary that can exist, the dtype it needs,
+    boundary ids inside it. Keys other tokenizer kinds add (``kind``, ``source``, ``files``) are
+    kept as they are; ``prefix`` and ``suffix``, when present, are checked like ``eot``."""
+    if not isinstance(enc, dict):
+        return [f"encoding is {_show(enc)}, expected an object with {', '.join(ENCODING_KEYS)}"]
+    missing = [k for k in ENCODING_KEYS if k not in enc]
+    if missing:
+        return [f"encoding {_show(enc)} lacks one of {', '.join(ENCODING_KEYS)}"]
+    problems = []
+    if not isinstance(enc["name"], str):
+        problems.append(f"encoding.name is {_show(enc['name'])}, expected a string")
+    n_vocab = enc["n_vocab"]
+    if not (_is_int(n_vocab) and 1 <= n_vocab <= MAX_VOCAB):
+        return problems + [f"encoding.n_vocab is {_show(n_vocab)}, expected an int in 1..{MAX_VOCAB} (2**32)"]
+    if enc["dtype"] not in DTYPES:
+        problems.append(f"encoding.dtype is {_show(enc['dtype'])}, expected one of {DTYPES}")
+    elif enc["dtype"] != vocabulary_dtype(n_vocab):
+        problems.append(f"encoding.dtype {enc['dtype']!r} does not fit n_vocab {n_vocab}, expected "
+                        f"{vocabulary_dtype(n_vocab)!r} (uint16 iff n_vocab <= 65536)")
+    if not (_is_int(enc["eot"]) and 0 <= enc["eot"] < n_vocab):
+        problems.append(f"encoding.eot is {_show(enc['eot'])}, expected a token id: an int in 0..{n_vocab - 1}")
+    for key in ("prefix", "suffix"):
+        if key not in enc:
+            continue
+        ids = enc[key]
+        if not isinstance(ids, list):
+            problems.append(f"encoding.{key} is {_show(ids)}, expected a list of token ids")
+            continue
+        bad = [i for i in ids if not (_is_int(i) and 0 <= i < n_vocab)]
+        if bad:
+            problems.append(f"encoding.{key} holds {_show(bad[0])}, expected token ids: ints in 0..{n_vocab - 1}")
+    for key in ("kind", "source"):
+        if key in enc and enc[key] is not None and not isinstance(enc[key], (str, dict)):
+            problems.append(f"encoding.{key} is {_show(enc[key])}, expected a string")
+    if "files" in enc and not isinstance(enc["files"], (list, dict, type(None))):
+        problems.append(f"encoding.files is {_show(enc['files'])}, expected a list")
+    return problems
+
+
+def entry_problems(d, *, where: str = "partition entry", sums: bool = True) -> list[str]:
+    """One partition entry's (or done record's) types, ranges and paths; with ``sums``, its rows
+    must add up too (a manifest's are checked with the rest of its bookkeeping)."""
+    if not isinstance(d, dict):
+        return [f"{where} is {_show(d)}, expected an object"]
+    missing = [k for k in ENTRY_KEYS if k not in d]
+    if missing:
+        return [f"{where} lacks {', '.join(missing)}"]
+    problems = []
+    bad = [k for k in ("index", *COUNT_KEYS) if not _is_count(d[k])]
+    bad += [k for k in ("skipped_invalid", "tokens_bytes", "docs_bytes") if d.get(k) is not None and not _is_count(d[k])]
+    for k in bad:
+        problems.append(f"{where}.{k} is {_show(d[k])}, expected a count (an int in 0..2**63-1)")
+    rg = d["row_groups"]
+    if not (isinstance(rg, list) and len(rg) == 2 and all(_is_count(g) for g in rg) and rg[0] <= rg[1]):
+        problems.append(f"{where}.row_groups is {_show(rg)}, expected [first, stop] with 0 <= first <= stop")
+    if not isinstance(d["input"], str):
+        problems.append(f"{where}.input is {_show(d['input'])}, expected a string")
+    sha = d["sha256"]
+    if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+        problems.append(f"{where}.sha256 is {_show(sha)}, expected 64 hex digits")
+    if d.get("backend") is not None and not isinstance(d["backend"], str):
+        problems.append(f"{where}.backend is {_show(d['backend'])}, expected a string")
+    rows = d.get("invalid_rows")
+    if rows is not None and not (isinstance(rows, list) and all(_is_count(r) for r in rows)):
+        problems.append(f"{where}.invalid_rows is {_show(rows)}, expected a list of row numbers")
+    for key in ("tokens_file", "docs_file"):
+        problem = relative_path_problem(d[key])
+        if problem:
+            problems.append(f"{where}.{key} {problem}")
+    if sums and not bad:
+        problems += [f"{where}: {p}" for p in _rows_problem(d["rows"], d["docs"], d["skipped_null"], d["skipped_empty"],
+                                                             d.get("skipped_invalid") or 0)]
+    return problems
+
+
+def manifest_problems(d) -> list[str]:
+    """What makes a manifest's JSON unusable, first problem first: version and keys, every field's
+    type and range, every path (relative, inside OUT). No file is needed to see any of it, and no
+    file may be opened before it is empty. ``Manifest.from_dict`` refuses a manifest with any (and
+    with any ``bookkeeping_problems``); ``verify`` reports them all."""
+    if not isinstance(d, dict):
+        return [f"not a JSON object but {type(d).__name__}"]
+    if d.get("format") != FORMAT:
+        return [f"format {d.get('format')!r}, expected {FORMAT!r}"]
+    missing = [f"required key {k!r} is missing" for k in FORMAT_KEYS if k not in d]
+    if missing:
+        return missing
+    problems = encoding_problems(d["encoding"])
+    if d["eot_position"] not in EOT_POSITIONS:
+        problems.append(f"eot_position is {_show(d['eot_position'])}, expected one of {EOT_POSITIONS}")
+    if not isinstance(d["text_column"], str):
+        problems.append(f"text_column is {_show(d['text_column'])}, expected a string")
+    inputs = d["inputs"]
+    if not isinstance(inputs, list):
+        problems.append(f"inputs is {_show(inputs)}, expected a list")
+    else:
+        for i, inp in enumerate(inputs):
+            if not (isinstance(inp, dict) and isinstance(inp.get("path"), str)):
+                problems.append(f"inputs[{i}] is {_show(inp)}, expected an object with a path")
+            elif inp.get("rows") is not None and not _is_count(inp["rows"]):
+                problems.append(f"inputs[{i}].rows is {_show(inp['rows'])}, expected a count")
+    for key in ("skipped_inputs",):
+        if d.get(key) is not None and not (isinstance(d[key], list) and all(isinstance(s, dict) for s in d[key])):
+            problems.append(f"{key} is {_show(d[key])}, expected a list of objects")
+    for key in ("partition_bytes", "planned_partitions"):
+        if d.get(key) is not None and not _is_count(d[key]):
+            problems.append(f"{key} is {_show(d[key])}, expected a count")
+    partitions = d["partitions"]
+    if not isinstance(partitions, list):
+        return problems + [f"partitions is {_show(partitions)}, expected a list"]
+    for i, entry in enumerate(partitions):
+        problems += entry_problems(entry, where=f"partitions[{i}]", sums=False)
+    totals = d["totals"]
+    if not isinstance(totals, dict):
+        problems.append(f"totals is {_show(totals)}, expected an object")
+    else:
+        problems += [f"totals.{k} is {_show(totals[k])}, expected a count (an int in 0..2**63-1)"
+                     for k in (*TOTAL_KEYS, "skipped_invalid") if k in totals and not _is_count(totals[k])]
+    return problems
+
+
+def bookkeeping_problems(manifest: "Manifest") -> list[str]:
+    """Counts that must agree across a manifest whose fields passed ``manifest_problems``: each
+    partition's rows, indices 0..n-1 once each (less partitions skipped as unreadable), totals
+    that are the partitions' sums, known inputs, each input's rows covered once. Pure."""
+    entries = manifest.partitions
+    problems: list[str] = []
+    seen: set = set()
+    for e in entries:
+        if e.index in seen:
+            problems.append(f"partition {e.index}: listed more than once in manifest.json")
+        seen.add(e.index)
+    # Partitions skipped as unreadable (--on-bad-file skip) are listed in skipped_inputs instead.
+    skipped = {s["partition"] for s in manifest.skipped_inputs if isinstance(s, dict) and "partition" in s}
+    planned = manifest.planned_partitions if manifest.planned_partitions is not None else len(seen | skipped)
+    missing = sorted(set(range(planned)) - seen - skipped)
+    if missing:
+        problems.append(f"partition indices {ranges(missing)} are missing "
+                        f"(expected 0..{planned - 1}, each once, less those in skipped_inputs)")
+    known_inputs = {i.get("path") for i in manifest.inputs if isinstance(i, dict)}
+    for e in entries:
+        where = f"partition {e.index}"
+        problems += [f"{where}: {p}" for p in _rows_problem(e.rows, e.docs, e.skipped_null, e.skipped_empty,
+                                                            e.skipped_invalid)]
+        if e.input not in known_inputs:
+            problems.append(f"{where}: input {e.input!r} is not among the manifest's inputs")
+    problems += coverage_problems(manifest)
+    totals = manifest.totals
+    keys = list(TOTAL_KEYS)
+    if "skipped_invalid" in totals or any(e.skipped_invalid for e in entries):
+        keys.append("skipped_invalid")
+    for key in keys:
+        total = sum(int(getattr(e, key)) for e in entries)
+        if totals.get(key) != total:
+            problems.append(f"totals.{key} is {_show(totals.get(key))}, the partitions sum to {total}")
+        elif total > MAX_TOKENS:
+            problems.append(f"totals.{key} is {total}, more than an int64 holds")
+    return problems
+
+
+def _rows_problem(rows: int, docs: int, null: int, empty: int, invalid: int) -> list[str]:
+    if rows == docs + null + empty + invalid:
+        return []
+    return [f"rows {rows} != docs {docs} + skipped_null {null} + skipped_empty {empty}"
+            + (f" + skipped_invalid {invalid}" if invalid else "")]
+
+
+def coverage_problems(manifest: "Manifest") -> list[str]:
+    """Each input's rows are covered once: its partitions (and partitions skipped as unreadable)
+    run over consecutive row groups from the first, and their rows add up to the input's."""
+    by_input: dict[str, list[tuple]] = {}
+    for e in manifest.partitions:
+        by_input.setdefault(e.input, []).append((e.row_groups, e.rows, e.index))
+    for s in manifest.skipped_inputs:
+        if isinstance(s, dict) and "partition" in s:
+            by_input.setdefault(s.get("path"), []).append((s.get("row_groups"), s.get("rows"), s["partition"]))
+    problems = []
+    for inp in manifest.inputs:
+        if not isinstance(inp, dict) or not _is_count(inp.get("rows")):
+            continue
+        path, rows = inp.get("path"), inp["rows"]
+        parts = [p for p in by_input.get(path, []) if isinstance(p[0], (list, tuple)) and len(p[0]) == 2]
+        parts.sort(key=lambda p: tuple(p[0]))
+        if not by_input.get(path):
+            if rows:
+                problems.append(f"input {path}: no partition covers its {rows:,} rows")
+            continue
+        stop = 0
+        for groups, _, index in parts:
+            if groups[0] != stop:
+                problems.append(f"input {path}: partition {index} starts at row group {groups[0]}, expected {stop} "
+                                f"(row groups {'missing' if groups[0] > stop else 'covered twice'})")
+            stop = groups[1]
+        counts = [r for _, r, _ in by_input[path]]
+        if all(_is_count(r) for r in counts) and sum(counts) != rows:
+            problems.append(f"input {path}: its partitions cover {sum(counts):,} rows, the input has {rows:,} "
+                            "(a partition is missing from manifest.json)")
+    return problems
+
+
+def ranges(numbers: list[int]) -> str:
+    """[1, 2, 3, 7] → '1..3, 7' (a long list of missing indices stays one readable line)."""
+    spans, first = [], None
+    for a, b in zip(numbers, numbers[1:] + [None]):
+        first = a if first is None else first
+        if b != a + 1:
+            spans.append(str(first) if first == a else f"{first}..{a}")
+            first = None
+    return ", ".join(spans[:10]) + (f", … ({len(numbers)} in all)" if len(spans) > 10 else "")
+
+
 # -- the typed manifest ----------------------------------------------------------------------------
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,12 +389,11 @@ class PartitionEntry:
         return entry
 
     @classmethod
-    def from_dict(cls, d: dict, *, where: str = "partition entry") -> "PartitionEntry":
-        if not isinstance(d, dict):
-            raise ManifestError(f"{where} is not a JSON object")
-        missing = [k for k in ENTRY_KEYS if k not in d]
-        if missing:
-            raise ManifestError(f"{where} lacks {', '.join(missing)}")
+    def from_dict(cls, d: dict, *, where: str = "partition entry", sums: bool = True) -> "PartitionEntry":
+        """Parse and check (``entry_problems``): ``ManifestError`` names the first problem."""
+        problems = entry_problems(d, where=where, sums=sums)
+        if problems:
+            raise ManifestError(_first(problems))
         known = ENTRY_KEYS + OPTIONAL_ENTRY_KEYS
         values = {k: d[k] for k in ENTRY_KEYS}
         rg = d["row_groups"]
@@ -158,8 +420,10 @@ class Encoding:
 
     @classmethod
     def from_dict(cls, d) -> "Encoding":
-        if not isinstance(d, dict) or any(k not in d for k in ENCODING_KEYS):
-            raise ManifestError(f"encoding {d!r} lacks one of {', '.join(ENCODING_KEYS)}")
+        """Parse and check (``encoding_problems``): ``ManifestError`` names the first problem."""
+        problems = encoding_problems(d)
+        if problems:
+            raise ManifestError(_first(problems))
         return cls(**{k: d[k] for k in ENCODING_KEYS}, extra={k: v for k, v in d.items() if k not in ENCODING_KEYS})
 
 
@@ -214,26 +478,27 @@ class Manifest:
         return out
 
     @classmethod
-    def from_dict(cls, d) -> "Manifest":
-        """Parse and version-check; ``ManifestError`` names the first thing that is not format v1."""
-        if not isinstance(d, dict):
-            raise ManifestError(f"not a JSON object but {type(d).__name__}")
-        if d.get("format") != FORMAT:
-            raise ManifestError(f"format {d.get('format')!r}, expected {FORMAT!r}")
-        for key in FORMAT_KEYS:
-            if key not in d:
-                raise ManifestError(f"required key {key!r} is missing")
-        if not isinstance(d["partitions"], list):
-            raise ManifestError("partitions is not a list")
-        partitions = tuple(PartitionEntry.from_dict(e, where=f"partitions[{i}]") for i, e in enumerate(d["partitions"]))
+    def from_dict(cls, d, *, bookkeeping: bool = True) -> "Manifest":
+        """The one parser of a manifest: version, every field's type and range, every path
+        (``manifest_problems``), then (``bookkeeping``) counts that agree (``bookkeeping_problems``).
+        ``ManifestError`` names the first problem; only ``verify``, which reports the bookkeeping
+        rather than refusing, passes ``bookkeeping=False``."""
+        problems = manifest_problems(d)
+        if problems:
+            raise ManifestError(_first(problems))
+        partitions = tuple(PartitionEntry.from_dict(e, where=f"partitions[{i}]", sums=False)
+                           for i, e in enumerate(d["partitions"]))
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        return cls(
+        manifest = cls(
             format=d["format"], encoding=Encoding.from_dict(d["encoding"]), eot_position=d["eot_position"],
             text_column=d["text_column"], id_column=d.get("id_column"), inputs=tuple(d["inputs"]),
             partitions=partitions, totals=d["totals"], skipped_inputs=tuple(d.get("skipped_inputs") or ()),
             backend=d.get("backend"), **{k: d.get(k) for k in _ABSENT_IF_NONE},
             extra={k: v for k, v in d.items() if k not in names},
         )
+        if bookkeeping and (problems := bookkeeping_problems(manifest)):
+            raise ManifestError(_first(problems))
+        return manifest
 
     def by_index(self) -> list[PartitionEntry]:
         """The partitions in plan order (the order readers and exporters number documents in)."""
@@ -340,13 +605,70 @@ def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest)
 
 
 def read_manifest_json(fs: fsspec.AbstractFileSystem, root: str):
-    """The manifest as JSON, unchecked: for ``verify``, which reports what is wrong rather than refusing."""
-    return read_json(fs, join(root, MANIFEST))
+    """The manifest as JSON, unchecked: for ``verify``, which reports what is wrong rather than
+    refusing. ``ManifestError`` when a local manifest.json is not a regular file (never opened:
+    a FIFO would hang the reader)."""
+    path = join(root, MANIFEST)
+    if is_local(fs):
+        mode = os.stat(path).st_mode  # FileNotFoundError as the read's would be
+        if not stat.S_ISREG(mode):
+            raise ManifestError(f"not a regular file ({_file_kind(mode)}); it is not opened")
+    return read_json(fs, path)
 
 
 def read_manifest(fs: fsspec.AbstractFileSystem, root: str) -> Manifest:
     """Raises FileNotFoundError, ``ManifestError`` (not format v1) or ValueError (not JSON)."""
     return Manifest.from_dict(read_manifest_json(fs, root))
+
+
+def local_file_problems(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest) -> list[str]:
+    """Where OUT is a local folder: every file the manifest lists that exists must be a regular
+    file inside OUT once symlinks are followed (a FIFO would hang whoever opens it, a symlink
+    could lead into another run or the system). Only ``lstat``/``stat``, never an open; a missing
+    file is left to whoever reads it. Paths already passed ``relative_path_problem``."""
+    if not is_local(fs):
+        return []
+    base = os.path.realpath(root)
+    inside = base.rstrip(os.sep) + os.sep
+    folders: dict[str, bool] = {}
+    problems = []
+    for e in manifest.by_index():
+        for key, rel in (("tokens_file", e.tokens_file), ("docs_file", e.docs_file), ("done record", done_file(e.index))):
+            path = os.path.join(root, rel)
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                problems.append(f"partition {e.index}: {key} {rel!r} cannot be looked at ({type(err).__name__}: {err})")
+                continue
+            folder = os.path.dirname(rel)
+            if folder not in folders:
+                folders[folder] = (os.path.realpath(os.path.join(root, folder)) + os.sep).startswith(inside)
+            if stat.S_ISLNK(info.st_mode):
+                real = os.path.realpath(path)
+                if not real.startswith(inside):
+                    problems.append(f"partition {e.index}: {key} {rel!r} is a symlink to {real}, outside OUT")
+                    continue
+                try:
+                    info = os.stat(real)
+                except OSError:
+                    continue  # a dangling link reads as missing
+            elif not folders[folder]:
+                problems.append(f"partition {e.index}: {key} {rel!r} lies outside OUT (its folder is a symlink)")
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                problems.append(f"partition {e.index}: {key} {rel!r} is not a regular file "
+                                f"({_file_kind(info.st_mode)}); it is not opened")
+    return problems
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def open_finished(out: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str, Manifest]:
@@ -364,6 +686,9 @@ def open_finished(out: str, storage_options: dict | None = None) -> tuple[fsspec
         raise UserError(f"{path}: {e}{hint}") from e
     except ValueError as e:
         raise UserError(f"{path}: not valid JSON ({e}); rerun `tokenshards tokenize` to rewrite it") from e
+    problems = local_file_problems(fs, root, manifest)
+    if problems:
+        raise UserError(f"{path}: {_first(problems)}; run `tokenshards verify {out}`")
     return fs, root, manifest
 
 

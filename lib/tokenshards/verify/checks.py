@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from bisect import bisect_right
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from ..encoding.encoders import WorkerEncoder, token_dtype
+from ..encoding.encoders import WorkerEncoder
 from ..format import v1
-from ..format.v1 import ENCODING_KEYS, ENTRY_KEYS, REQUIRED_KEYS, DOCS_COLUMNS, Manifest, PartitionEntry
-from ..tokenize.config import EOT_POSITIONS
+from ..format.v1 import REQUIRED_KEYS, DOCS_COLUMNS, Manifest, PartitionEntry
 
 TEMPORARY_SUFFIX = ".tmp"
 """store.write_atomic's in-flight names (``<path>.<uuid>.tmp``): left by a killed writer, harmless."""
@@ -57,7 +57,8 @@ class TokensFile:
 # -- pure checks ---------------------------------------------------------------------------------
 
 def check_manifest(manifest: dict) -> list[str]:
-    """Problems with the manifest's own shape; partitions are checked only once this is empty."""
+    """Problems with the manifest's own fields (format v1's one parser, ``v1.manifest_problems``,
+    plus the keys verify needs); partitions are checked, and files opened, only once this is empty."""
     if not isinstance(manifest, dict):
         return [f"manifest.json: not a JSON object but {type(manifest).__name__}"]
     if manifest.get("format") != v1.FORMAT:
@@ -65,112 +66,17 @@ def check_manifest(manifest: dict) -> list[str]:
     problems = [f"manifest.json: required key {k!r} is missing" for k in REQUIRED_KEYS if k not in manifest]
     if problems:
         return problems
-    enc = manifest["encoding"]
-    if not isinstance(enc, dict) or any(k not in enc for k in ENCODING_KEYS):
-        return [f"manifest.json: encoding {enc!r} lacks one of {', '.join(ENCODING_KEYS)}"]
-    if enc["dtype"] != token_dtype(enc["n_vocab"]):
-        problems.append(f"manifest.json: encoding dtype {enc['dtype']!r} does not fit n_vocab {enc['n_vocab']}, "
-                        f"expected {token_dtype(enc['n_vocab'])!r}")
-    if not 0 <= enc["eot"] < enc["n_vocab"]:
-        problems.append(f"manifest.json: eot {enc['eot']} is not a token id of a {enc['n_vocab']}-token vocabulary")
-    if manifest["eot_position"] not in EOT_POSITIONS:
-        problems.append(f"manifest.json: eot_position {manifest['eot_position']!r}, expected one of {EOT_POSITIONS}")
-    if not isinstance(manifest["partitions"], list):
-        return problems + ["manifest.json: partitions is not a list"]
-    for i, entry in enumerate(manifest["partitions"]):
-        missing = [k for k in ENTRY_KEYS if not isinstance(entry, dict) or k not in entry]
-        if missing:
-            problems.append(f"manifest.json: partitions[{i}] lacks {', '.join(missing)}")
-            continue
-        not_counts = [k for k in ("index", *v1.TOTAL_KEYS, "skipped_invalid")
-                      if (k in entry or k != "skipped_invalid") and not _is_count(entry[k])]
-        if not_counts:
-            problems.append(f"manifest.json: partitions[{i}] has {', '.join(not_counts)} that are not counts")
-    if not isinstance(manifest["totals"], dict):
-        problems.append("manifest.json: totals is not an object")
-    return problems
-
-
-def _is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return [f"manifest.json: {p}" for p in v1.manifest_problems(manifest)]
 
 
 def check_entries(manifest: Manifest) -> list[str]:
-    """Cross-partition bookkeeping: indices 0..n-1 once each, counts that add up, known inputs,
-    relative paths. Needs a manifest that passed ``check_manifest``."""
-    entries = manifest.partitions
-    problems: list[str] = []
-    indices = [e.index for e in entries]
-    seen: set = set()
-    for index in indices:
-        if index in seen:
-            problems.append(f"partition {index}: listed more than once in manifest.json")
-        seen.add(index)
-    # Partitions skipped as unreadable (--on-bad-file skip) are listed in skipped_inputs instead.
-    skipped = {s["partition"] for s in manifest.skipped_inputs if isinstance(s, dict) and "partition" in s}
-    planned = manifest.planned_partitions if manifest.planned_partitions is not None else len(seen | skipped)
-    missing = sorted(set(range(planned)) - seen - skipped)
-    if missing:
-        problems.append(f"manifest.json: partition indices {_ranges(missing)} are missing "
-                        f"(expected 0..{planned - 1}, each once, less those in skipped_inputs)")
-    known_inputs = {i.get("path") for i in manifest.inputs if isinstance(i, dict)}
-    for e in entries:
-        where = f"partition {e.index}"
-        invalid = e.skipped_invalid  # rows that were not UTF-8 (--on-bad-file skip)
-        if e.rows != e.docs + e.skipped_null + e.skipped_empty + invalid:
-            problems.append(f"{where}: rows {e.rows} != docs {e.docs} + skipped_null {e.skipped_null} "
-                            f"+ skipped_empty {e.skipped_empty}" + (f" + skipped_invalid {invalid}" if invalid else ""))
-        if e.input not in known_inputs:
-            problems.append(f"{where}: input {e.input!r} is not among the manifest's inputs")
-        for key in ("tokens_file", "docs_file"):
-            path = getattr(e, key)
-            if not isinstance(path, str) or path.startswith("/") or "://" in path or ".." in path.split("/"):
-                problems.append(f"{where}: {key} {path!r} is not a path relative to OUT")
-    problems += check_coverage(manifest)
-    totals = manifest.totals
-    if "skipped_invalid" in totals or any(e.skipped_invalid for e in entries):
-        total = sum(e.skipped_invalid for e in entries)
-        if totals.get("skipped_invalid") != total:
-            problems.append(f"manifest.json: totals.skipped_invalid is {totals.get('skipped_invalid')}, "
-                            f"the partitions sum to {total}")
-    for key in v1.TOTAL_KEYS:
-        total = sum(int(getattr(e, key)) for e in entries)
-        if totals.get(key) != total:
-            problems.append(f"manifest.json: totals.{key} is {totals.get(key)}, the partitions sum to {total}")
-    return problems
+    """Cross-partition bookkeeping (``v1.bookkeeping_problems``, which every other command refuses
+    a manifest for): reported here, so the partitions' own files are still checked."""
+    return [p if re.match(r"(partition \d+|input .*?): ", p) else f"manifest.json: {p}"
+            for p in v1.bookkeeping_problems(manifest)]
 
 
-def check_coverage(manifest: Manifest) -> list[str]:
-    """Each input's rows are covered once: its partitions (and partitions skipped as unreadable)
-    run over consecutive row groups from the first, and their rows add up to the input's."""
-    by_input: dict[str, list[tuple]] = {}
-    for e in manifest.partitions:
-        by_input.setdefault(e.input, []).append((e.row_groups, e.rows, e.index))
-    for s in manifest.skipped_inputs:
-        if isinstance(s, dict) and "partition" in s:
-            by_input.setdefault(s.get("path"), []).append((s.get("row_groups"), s.get("rows"), s["partition"]))
-    problems = []
-    for inp in manifest.inputs:
-        if not isinstance(inp, dict) or not _is_count(inp.get("rows")):
-            continue
-        path, rows = inp.get("path"), inp["rows"]
-        parts = [p for p in by_input.get(path, []) if isinstance(p[0], (list, tuple)) and len(p[0]) == 2]
-        parts.sort(key=lambda p: tuple(p[0]))
-        if not by_input.get(path):
-            if rows:
-                problems.append(f"input {path}: no partition covers its {rows:,} rows")
-            continue
-        stop = 0
-        for groups, _, index in parts:
-            if groups[0] != stop:
-                problems.append(f"input {path}: partition {index} starts at row group {groups[0]}, expected {stop} "
-                                f"(row groups {'missing' if groups[0] > stop else 'covered twice'})")
-            stop = groups[1]
-        counts = [r for _, r, _ in by_input[path]]
-        if all(_is_count(r) for r in counts) and sum(counts) != rows:
-            problems.append(f"input {path}: its partitions cover {sum(counts):,} rows, the input has {rows:,} "
-                            "(a partition is missing from manifest.json)")
-    return problems
+_ranges = v1.ranges
 
 
 def check_listing(manifest: Manifest, names: list[str]) -> tuple[list[str], list[str]]:
@@ -327,17 +233,6 @@ def choose_sample(doc_counts: list[tuple[int, int]], *, n: int, seed: int) -> di
         k = bisect_right(bounds, pick) - 1
         chosen.setdefault(doc_counts[k][0], []).append(pick - int(bounds[k]))
     return chosen
-
-
-def _ranges(numbers: list[int]) -> str:
-    """[1, 2, 3, 7] → '1..3, 7' (a long list of missing indices stays one readable line)."""
-    spans, first = [], None
-    for a, b in zip(numbers, numbers[1:] + [None]):
-        first = a if first is None else first
-        if b != a + 1:
-            spans.append(str(first) if first == a else f"{first}..{a}")
-            first = None
-    return ", ".join(spans[:10]) + (f", … ({len(numbers)} in all)" if len(spans) > 10 else "")
 
 
 def parse_tokens_file(raw: bytes) -> TokensFile:

@@ -235,6 +235,8 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     except FileNotFoundError as e:
         raise UserError(v1.not_a_run(fs, root, config.out) or f"{config.out} has no {v1.MANIFEST}: the run did not finish; "
                         "rerun the same tokenize command to resume") from e
+    except v1.ManifestError as e:  # not a regular file: never opened
+        return _report(config, manifest=None, problems=[f"manifest.json: {e}"])
     except ValueError as e:
         return _report(config, manifest=None, problems=[f"manifest.json: not valid JSON ({e})"])
 
@@ -242,9 +244,13 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     if problems:
         return _report(config, manifest=None, problems=problems)
     try:
-        manifest = Manifest.from_dict(raw)
+        manifest = Manifest.from_dict(raw, bookkeeping=False)  # reported below, with the partitions' own checks
     except v1.ManifestError as e:  # check_manifest asks for more than this: a gap between the two
         return _report(config, manifest=None, problems=[f"manifest.json: {e}"])
+    # No file the manifest names is opened unless it is a regular file inside OUT.
+    problems = v1.local_file_problems(fs, root, manifest)
+    if problems:
+        return _report(config, manifest=None, problems=problems)
     problems = check_entries(manifest)
     try:
         names = _list_parts(fs, root)
