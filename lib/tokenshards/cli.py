@@ -10,6 +10,7 @@ import sys
 import traceback
 
 from .cluster import interrupt
+from .encoding import names
 from .errors import UserError
 
 
@@ -94,14 +95,19 @@ def _add_tokenize(sub) -> None:
                    help="output folder or s3://bucket/prefix; repeated, one per --encoding, in the same order")
     _add_cluster_arguments(p, job="tokenshards.tokenize.job")
     p.add_argument("--encoding", action="append",
-                   help="tiktoken encoding name or a train-bpe FILE.tiktoken (default: gpt2); repeat it, with an --out "
+                   help=f"the tokenizer: {'; '.join(names.FORMS)} (default: gpt2); repeat it, with an --out "
                         "for each, to write several encodings from one read of the corpus")
-    p.add_argument("--backend", default="auto", choices=["auto", "tiktoken", "gigatoken", "splintr", "riptoken"],
-                   help="tokenizer implementation; ids always equal tiktoken's (default auto: the fastest "
-                        "installed one that reproduces tiktoken at start-up: gigatoken, splintr, then riptoken, "
-                        "else tiktoken)")
-    p.add_argument("--eot", default="prefix", choices=["prefix", "suffix", "none"],
-                   help="where each document's <|endoftext|> goes (default: prefix)")
+    p.add_argument("--backend", default="auto", choices=names.BACKENDS,
+                   help="tokenizer implementation; ids always equal the tokenizer's own library's (default auto: the "
+                        "fastest installed one that reproduces it at start-up: gigatoken, splintr, then riptoken, else "
+                        "the reference library: tiktoken, tokenizers or sentencepiece)")
+    p.add_argument("--boundary", default="auto", choices=["auto", "bos", "eos", "both", "none"],
+                   help="control tokens around each document: the tokenizer's own (auto: Llama's <|begin_of_text|>, "
+                        "Mistral's <s>, Gemma's <bos> first; Qwen's <|endoftext|> last; <|endoftext|> first for "
+                        "tiktoken's encodings), its BOS first, EOS last, both, or none")
+    p.add_argument("--eot", default=None, choices=["prefix", "suffix", "none"],
+                   help="where each document's <|endoftext|> goes, for tiktoken's encodings (default: prefix); "
+                        "--boundary bos|eos|none says the same for every tokenizer")
     p.add_argument("--text-column", default="text")
     p.add_argument("--id-column", help="column of document ids (default: `id` when present, else FILE:ROW)")
     p.add_argument("--partition-mb", type=float, default=None,
@@ -175,6 +181,7 @@ def _run_tokenize(args) -> int:
     [first, *more] = _paired_outputs(args.encoding, args.out)
     config = TokenizeConfig(
         out=first[1], encoding=first[0], more_outputs=tuple(Output(*pair) for pair in more), eot_position=args.eot,
+        boundary=args.boundary,
         id_column=args.id_column, on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite,
         add=args.add, report=args.report, **_corpus_options(args), **_run_options(args),
     )
@@ -332,8 +339,12 @@ def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="check every partition of a finished run; exit 1 on any problem")
     p.add_argument("out", metavar="OUT", help="output folder or s3://bucket/prefix of a finished run")
     p.add_argument("--deep", type=int, default=0, metavar="N",
-                   help="also re-tokenize N random documents from the inputs and compare with tiktoken")
+                   help="also re-tokenize N random documents from the inputs and compare with the tokenizer's own "
+                        "library (tiktoken, tokenizers, sentencepiece)")
     p.add_argument("--seed", type=int, default=0, help="which documents --deep picks (default 0)")
+    p.add_argument("--encoding", metavar="TOKENIZER",
+                   help="with --deep: where the run's tokenizer is now, named as tokenize's --encoding takes it "
+                        "(default: the name or source the manifest records); its files must be the run's")
     p.add_argument("--download-dir", metavar="DIR",
                    help="with --deep, for a --fetch workers run: where each machine keeps its copies of the Hub files "
                         "(default: the run's --download-dir, else the HF cache); files not there are read from the Hub")
@@ -347,7 +358,7 @@ def _run_verify(args) -> int:
     from .verify.job import VerifyConfig, run_verify
 
     config = VerifyConfig(out=args.out, deep=args.deep, seed=args.seed, download_dir=args.download_dir,
-                          **_run_options(args))
+                          encoding=args.encoding, **_run_options(args))
     report = run_verify(config, announce=_say)
     for line in report.lines():
         print(line)

@@ -7,6 +7,7 @@ tiktoken: on a verification sample when the job starts, and on a sample of every
 from __future__ import annotations
 
 import array
+import functools
 import importlib.metadata
 import os
 import re
@@ -20,11 +21,9 @@ import tiktoken
 
 from ..errors import UserError
 
-FAST_BACKENDS = ("gigatoken", "splintr", "riptoken")
-"""Exact Rust BPEs ``auto`` tries, fastest first (GPT-2, one core, bench corpus, Arrow in, ids out:
-gigatoken ~3x splintr, splintr ~2.9x and riptoken ~1.8x tiktoken's ``encode_ordinary``; docs/scaling.md)."""
-BACKENDS = ("auto", "tiktoken", *FAST_BACKENDS)
-DISTRIBUTIONS = {"tiktoken": "tiktoken", "riptoken": "riptoken", "splintr": "splintr-rs", "gigatoken": "gigatoken"}
+from .names import BACKENDS, FAST_BACKENDS  # noqa: F401  (the CLI's choices; re-exported for the kinds)
+DISTRIBUTIONS = {"tiktoken": "tiktoken", "riptoken": "riptoken", "splintr": "splintr-rs", "gigatoken": "gigatoken",
+                 "tokenizers": "tokenizers", "sentencepiece": "sentencepiece"}
 UINT32_CODE = next(code for code in ("I", "L") if array.array(code).itemsize == 4)
 HUGE_CHARS = 8_000_000
 """Documents longer than this go to tiktoken even under a fast backend: for one 100 MB document
@@ -49,10 +48,18 @@ gets."""
 
 class Backend(Protocol):
     name: str
-    eot_token: int
+    eot_token: int | None
 
     def encode_many(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(all tokens as uint32, int64 token count per text), ``encode_ordinary`` semantics."""
+
+
+class Reference(Backend, Protocol):
+    """A tokenizer's own library (tiktoken, Hugging Face ``tokenizers``, ``sentencepiece``): the
+    judge of every id a fast backend writes."""
+
+    def encode_one(self, text: str) -> np.ndarray:
+        """One text's ids (uint32), as ``encode_many`` gives them."""
 
 
 class TiktokenBackend:
@@ -63,7 +70,12 @@ class TiktokenBackend:
 
     def __init__(self, encoding: tiktoken.Encoding):
         self.encoding = encoding
-        self.eot_token = encoding.eot_token
+        # tiktoken's eot_token raises where there is no <|endoftext|> (Llama 3's vocabulary)
+        eot = "<|endoftext|>"
+        self.eot_token = encoding.encode_single_token(eot) if eot in encoding.special_tokens_set else None
+
+    def encode_one(self, text: str) -> np.ndarray:
+        return self.encoding.encode_to_numpy(text, disallowed_special=())
 
     def encode_many(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         encode = self.encoding.encode_to_numpy
@@ -130,6 +142,11 @@ GIGATOKEN_PRETOKENIZERS = {
     r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""": "gpt2",
     # cl100k_base's
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""": "gpt4",
+    # Not Meta's Llama 3 (cl100k's pattern without possessive quantifiers): gigatoken 0.10's
+    # from_tiktoken panics on its rank file ("assertion left == right", tiktoken.rs:614), so
+    # splintr takes it.
+    # Meta's Llama 4 (llama_models.llama4.tokenizer.Tokenizer.O200K_PATTERN)
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "o200k",
 }
 """gigatoken splits text with hand-written pretokenizers, one per known pattern, not with a regex:
 it can stand in for tiktoken only where the encoding's pattern is one of these."""
@@ -147,31 +164,27 @@ class GigatokenBackend:
 
     name = "gigatoken"
 
-    def __init__(self, params: dict, *, cache_bound: int = 256 * 2**20):
+    def __init__(self, params: dict | None, *, cache_bound: int = 256 * 2**20, make=None, eot_token: int | None = None):
+        """From tiktoken's ``params``, or from ``make()``, which builds a ``gigatoken.Tokenizer`` that
+        matches no special token in text (the Hugging Face and SentencePiece kinds give one)."""
         import gigatoken  # noqa: F401  (ImportError here means: not installed)
 
-        pretokenizer = GIGATOKEN_PRETOKENIZERS.get(params["pat_str"])
-        if pretokenizer is None:
-            raise ValueError("gigatoken has no pretokenizer for this encoding's split pattern")
-        from .ranks import dump_ranks
+        if make is None:
+            pretokenizer = GIGATOKEN_PRETOKENIZERS.get(params["pat_str"])
+            if pretokenizer is None:
+                raise ValueError("gigatoken has no pretokenizer for this encoding's split pattern")
+            from .ranks import dump_ranks
 
-        self._vocab = dump_ranks(params["mergeable_ranks"])
-        self._pretokenizer = pretokenizer
+            make = functools.partial(_gigatoken_from_ranks, dump_ranks(params["mergeable_ranks"]), pretokenizer)
+            eot_token = params["special_tokens"].get("<|endoftext|>")
+        self._make = make
         self.cache_bound = cache_bound
-        self.eot_token = params["special_tokens"].get("<|endoftext|>")
+        self.eot_token = eot_token
         self.rebuilds = 0
         self._build()
 
     def _build(self) -> None:
-        import tempfile
-
-        import gigatoken
-
-        # from_tiktoken reads a path only; the file lives just long enough to be read.
-        with tempfile.NamedTemporaryFile(suffix=".tiktoken") as f:
-            f.write(self._vocab)
-            f.flush()
-            self.tokenizer = gigatoken.Tokenizer.from_tiktoken(f.name, pretokenizer=self._pretokenizer, special_tokens={})
+        self.tokenizer = self._make()
         self._kept = 0
 
     def encode_many(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -218,6 +231,18 @@ class GigatokenBackend:
         if self._kept > self.cache_bound:
             self._build()
             self.rebuilds += 1
+
+
+def _gigatoken_from_ranks(vocab: bytes, pretokenizer: str):
+    import tempfile
+
+    import gigatoken
+
+    # from_tiktoken reads a path only; the file lives just long enough to be read.
+    with tempfile.NamedTemporaryFile(suffix=".tiktoken") as f:
+        f.write(vocab)
+        f.flush()
+        return gigatoken.Tokenizer.from_tiktoken(f.name, pretokenizer=pretokenizer, special_tokens={})
 
 
 STRS_BELOW_BYTES = 64 * 2**10
@@ -286,9 +311,10 @@ def without_possessive_quantifiers(pattern: str) -> str:
 
 
 class CheckedBackend:
-    """A fast backend whose output is spot-checked against tiktoken in every batch."""
+    """A fast backend whose output is spot-checked against its tokenizer's reference library
+    (tiktoken, ``tokenizers``, ``sentencepiece``) in every batch."""
 
-    def __init__(self, fast: Backend, reference: TiktokenBackend):
+    def __init__(self, fast: Backend, reference: Reference):
         self.fast, self.reference = fast, reference
         self.name = fast.name
         self.eot_token = reference.eot_token
@@ -314,14 +340,14 @@ class CheckedBackend:
         ends = np.cumsum(lengths)
         for i in spot_check_sample(sizes):
             doc = text(i)
-            want = self.reference.encoding.encode_to_numpy(doc, disallowed_special=())
+            want = self.reference.encode_one(doc)
             if not np.array_equal(flat[ends[i] - lengths[i]:ends[i]], want):
-                raise BackendMismatch(f"backend {self.name} disagrees with tiktoken on a document starting "
-                                      f"{doc[:40]!r}; rerun with --backend tiktoken")
+                raise BackendMismatch(f"backend {self.name} disagrees with {self.reference.name} on a document starting "
+                                      f"{doc[:40]!r}; rerun with --backend reference")
 
     def _with_huge(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """tiktoken for documents over HUGE_CHARS (same ids, a third less peak memory than splintr's
-        measured here), the fast backend for the rest, in the original order."""
+        """The reference for documents over HUGE_CHARS (tiktoken: same ids, a third less peak memory
+        than splintr's measured here), the fast backend for the rest, in the original order."""
         small = [i for i, text in enumerate(texts) if len(text) <= HUGE_CHARS]
         flat, lengths = self.encode_many([texts[i] for i in small]) if small else (np.zeros(0, np.uint32), [])
         ends = np.cumsum(lengths).tolist()
@@ -331,7 +357,7 @@ class CheckedBackend:
                 pieces.append(flat[ends[k] - lengths[k]:ends[k]])
                 k += 1
             else:
-                pieces.append(self.reference.encoding.encode_to_numpy(text, disallowed_special=()))
+                pieces.append(self.reference.encode_one(text))
             all_lengths[i] = len(pieces[-1])
         return (np.concatenate(pieces) if pieces else np.zeros(0, np.uint32)), all_lengths
 
@@ -366,7 +392,7 @@ def build_backend(name: str, encoding: tiktoken.Encoding, params: dict, *, verif
     """The backend a worker uses (``name`` already resolved by ``choose``; ``verified``, the
     instance ``choose`` checked, is used as it is)."""
     reference = TiktokenBackend(encoding)
-    if name == "tiktoken":
+    if name in ("tiktoken", "reference"):
         return reference
     if name in FAST_BACKENDS:
         return CheckedBackend(verified if verified is not None else _fast_backend(name, params), reference)
@@ -404,12 +430,19 @@ def _fast_backend(name: str, params: dict) -> Backend:
 
 def _verified(name: str, params: dict, texts: list[str], want: np.ndarray) -> tuple[Backend | None, str | None]:
     """(the built backend, None) when ``name`` reproduces ``want`` on ``texts``, else (None, why not)."""
+    return verified_against(lambda: _fast_backend(name, params), texts, want, reference="tiktoken")
+
+
+def verified_against(make, texts: list[str], want: np.ndarray, *, reference: str) -> tuple[Backend | None, str | None]:
+    """(``make()``, None) when the backend it builds gives ``want`` for ``texts``, else (None, why not)."""
     try:
-        fast = _fast_backend(name, params)
+        fast = make()
         ids, _ = fast.encode_many(texts)
-    except Exception as e:  # a pattern its regex engine cannot compile, a crash in the extension...
-        return None, f"{type(e).__name__}: {e}"
-    return (fast, None) if np.array_equal(ids, want) else (None, "its ids differ from tiktoken's on the verification sample")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # a pattern it cannot compile; a Rust panic (pyo3's PanicException is no Exception)
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return (fast, None) if np.array_equal(ids, want) else (None, f"its ids differ from {reference}'s on the verification sample")
 
 
 @dataclass(frozen=True)
@@ -427,7 +460,7 @@ def check_request(requested: str) -> None:
     before its cluster starts."""
     if requested not in BACKENDS:
         raise UserError(f"--backend {requested!r} not supported, expected one of {', '.join(BACKENDS)}")
-    if requested not in ("auto", "tiktoken") and not _installed(requested):
+    if requested not in ("auto", "reference", "tiktoken") and not _installed(requested):
         raise UserError(f"--backend {requested}: {requested} is not installed; "
                         f"pip install {DISTRIBUTIONS[requested]} (or tokenshards[fast])")
 
@@ -436,7 +469,7 @@ def choose(requested: str, encoding: tiktoken.Encoding, params: dict) -> Choice:
     """``auto`` takes the fastest installed backend that reproduces tiktoken on the verification
     sample, else tiktoken; a named fast backend must reproduce it or the run stops."""
     check_request(requested)
-    if requested == "tiktoken":
+    if requested in ("tiktoken", "reference"):
         return Choice("tiktoken", backend_version("tiktoken"))
     candidates = [requested] if requested != "auto" else [name for name in FAST_BACKENDS if _installed(name)]
     if not candidates:

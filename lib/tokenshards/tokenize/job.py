@@ -17,8 +17,10 @@ from ..format.v1 import PartitionEntry
 from .config import TokenizeConfig
 from . import grow
 from ..encoding import prebuilt
-from ..encoding.backends import backend_version, check_request, choose
-from ..encoding.encoders import EncoderPlugin, LoadedEncoding, load_encoding
+from ..encoding import registry
+from ..encoding.backends import backend_version, check_request
+from ..encoding.boundaries import Boundaries
+from ..encoding.encoders import EncoderPlugin
 from ..errors import UserError
 from . import corpus
 from ..inputs import Inputs
@@ -111,7 +113,9 @@ class _Output:
     root: str
     lease: Lease
     several: bool = False
-    loaded: LoadedEncoding | None = None
+    loaded: object = None
+    """The output's tokenizer, as ``encoding.registry.load`` gives it."""
+    boundaries: Boundaries = Boundaries()
     backend: str = ""
     identity: dict = field(default_factory=dict)
     job: str = ""
@@ -151,10 +155,14 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
     report = _performance_report(config.report)
     # Checked before a cluster starts; its notes wait so that the dashboard link comes first.
     encoding_notes: list[str] = []
-    loaded: dict[str, LoadedEncoding] = {}
+    loaded: dict[str, object] = {}
     for o in outs:
         name = o.config.encoding
-        o.loaded = loaded[name] = loaded.get(name) or load_encoding(name, announce=encoding_notes.append)
+        o.loaded = loaded[name] = loaded.get(name) or registry.load(name, announce=encoding_notes.append)
+        o.boundaries = o.config.boundaries(o.loaded)
+        if not o.loaded.legacy or not o.boundaries.single:
+            encoding_notes.append(o.about(f"boundaries: {o.boundaries.describe(o.loaded.token_name)} "
+                                          f"({o.boundaries.why})"))
     check_request(config.backend)  # the backend itself is verified once the cluster is starting
     # On a local cluster a Hub download starts here, in the background: it goes on while the
     # cluster starts and tokenizes (on another cluster, once the workers said what they see).
@@ -227,7 +235,7 @@ def _choose_backend(o: _Output, requested: str) -> str:
     """Pick the output's tokenizer (each encoding its own: ``auto`` verifies each against
     tiktoken); returns the line that says which."""
     loaded = o.loaded
-    choice = prebuilt.ask(loaded.fingerprint, requested) or choose(requested, loaded.encoding, loaded.params)
+    choice = prebuilt.ask(loaded.fingerprint, requested) or loaded.choose(requested)
     o.backend = choice.name
     return f"tokenizer{f' for {o.config.encoding}' if o.several else ''}: {choice.note}"
 
@@ -237,7 +245,8 @@ def _claim(o: _Output, plan: corpus.Corpus, config: TokenizeConfig, *, announce:
     same job committed there (kept, never rewritten)."""
     files = plan.files
     o.identity = resume.job_identity(
-        encoding=o.loaded.spec.as_dict(), encoding_fingerprint=o.loaded.fingerprint, eot_position=config.eot_position,
+        encoding=o.loaded.block(o.boundaries), encoding_fingerprint=o.loaded.fingerprint,
+        eot_position=o.boundaries.eot_position,
         text_column=config.text_column, id_column=config.id_column, partition_bytes=plan.partition_bytes,
         inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)} for f in files],
     )
@@ -272,7 +281,7 @@ def _task_settings(client: Client, o: _Output, config: TokenizeConfig) -> TaskSe
     plugin = EncoderPlugin(o.loaded, backend=o.backend)
     client.register_plugin(plugin)
     return TaskSettings(out=o.config.out, storage_options=config.storage_options, encoder=plugin.ref,
-                        dtype=o.loaded.spec.dtype, eot_position=config.eot_position, job=o.parts_job,
+                        dtype=o.loaded.dtype, boundaries=o.boundaries, job=o.parts_job,
                         text_column=config.text_column, on_bad_file=config.on_bad_file,
                         backend=backend_version(o.backend))
 

@@ -24,6 +24,7 @@ from distributed.protocol import dask_deserialize, dask_serialize
 
 from ..format import v1
 from ..format.v1 import PartitionEntry
+from ..encoding.boundaries import Boundaries
 from ..encoding.encoders import WorkerEncoder
 from ..errors import InputChanged, InputError, UnreadableInput
 from .plan import STRING_TYPES, Piece
@@ -82,7 +83,8 @@ class TaskSettings:
     storage_options: dict
     encoder: WorkerEncoder
     dtype: str
-    eot_position: str
+    boundaries: Boundaries
+    """Placed around each document's ids (``encoding.boundaries``)."""
     job: str
     text_column: str = "text"
     on_bad_file: str = "fail"
@@ -345,7 +347,7 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
     invalid_rows = all_rows[invalid].tolist() if invalid else ()
     results = []
     for each, backend in zip(settings, backends):
-        batch = tokenize_column(text, backend, eot_position=each.eot_position, dtype=each.dtype)
+        batch = tokenize_column(text, backend, boundaries=each.boundaries, dtype=each.dtype)
         fs, root = filesystem(each.out, each.storage_options)
         # The tokens file, most of the bytes, starts on its way to the disk (or S3) first; its
         # checksum and the docs file are made while it goes.

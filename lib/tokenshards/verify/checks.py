@@ -33,6 +33,9 @@ class Expected:
     eot_position: str
     job: str
     text_column: str
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+    """Each document's boundary tokens (``v1.boundaries``): ``prefix + ids(text) + suffix``."""
     encoder: WorkerEncoder | None = None
     """Set when --deep compares documents: the encoding its worker's plugin holds."""
     input_identities: dict | None = None
@@ -175,17 +178,23 @@ def check_layout(starts: np.ndarray, lengths: np.ndarray, *, n_tokens: int | Non
 
 def check_separators(entry: PartitionEntry, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *,
                      expected: Expected) -> list[str]:
-    """Each document's eot sits where the manifest says: a cheap check that catches shifted
-    boundaries even when a rewritten sha256 hides the change."""
-    if expected.eot_position == "none" or not starts.size:
+    """Each document's boundary tokens sit where the manifest says: a cheap check that catches
+    shifted boundaries even when a rewritten sha256 hides the change."""
+    if not starts.size:
         return []
-    at = starts if expected.eot_position == "prefix" else starts + lengths - 1
-    wrong = np.flatnonzero(values[at] != expected.eot)
-    if not wrong.size:
-        return []
-    i = int(wrong[0])
-    return [f"partition {entry.index}: {entry.tokens_file}: document {i} has {values[at[i]]} at token {at[i]} "
-            f"where its eot ({expected.eot}, {expected.eot_position}) belongs ({wrong.size} document(s) like this)"]
+    places = [(starts + k, token, "prefix") for k, token in enumerate(expected.prefix)]
+    places += [(starts + lengths - len(expected.suffix) + k, token, "suffix") for k, token in enumerate(expected.suffix)]
+    for at, token, side in places:
+        inside = at < len(values)
+        wrong = np.flatnonzero(~inside | (values[np.where(inside, at, 0)] != token))
+        if wrong.size:
+            i = int(wrong[0])
+            found = values[at[i]] if at[i] < len(values) else "nothing"
+            what = (f"its eot ({expected.eot}, {expected.eot_position})" if len(expected.prefix) + len(expected.suffix) == 1
+                    else f"its {side} token {token}")
+            return [f"partition {entry.index}: {entry.tokens_file}: document {i} has {found} at token {at[i]} "
+                    f"where {what} belongs ({wrong.size} document(s) like this)"]
+    return []
 
 
 def check_done(entry: PartitionEntry, record: dict, *, job: str) -> list[str]:
@@ -203,12 +212,8 @@ def check_done(entry: PartitionEntry, record: dict, *, job: str) -> list[str]:
     return problems
 
 
-def expected_document(body: list[int], *, eot: int, eot_position: str) -> list[int]:
-    if eot_position == "prefix":
-        return [eot] + body
-    if eot_position == "suffix":
-        return body + [eot]
-    return body
+def expected_document(body: list[int], *, prefix: tuple[int, ...] = (), suffix: tuple[int, ...] = ()) -> list[int]:
+    return [*prefix, *body, *suffix]
 
 
 def compare_document(stored: list[int], expected: list[int]) -> str | None:

@@ -26,7 +26,9 @@ from ..format import v1
 from ..format.v1 import Manifest, PartitionEntry
 from ..cluster import machines
 from ..cluster.options import RunOptions
-from ..encoding.encoders import EncoderPlugin, load_encoding
+from ..encoding import registry
+from ..encoding.boundaries import Boundaries
+from ..encoding.encoders import EncoderPlugin
 from ..errors import UserError
 from ..wording import counted
 from ..tokenize.footers import WORKER_FOOTERS
@@ -48,6 +50,8 @@ class VerifyConfig(RunOptions):
     """Where ``--deep`` finds each machine's copy of a ``--fetch workers`` run's Hub files (that
     run's ``--download-dir``, a path on every machine); None: the folder the run recorded, else
     each machine's HF cache. A file not there is read from the Hub by range."""
+    encoding: str | None = None
+    """``--deep``: where the run's tokenizer is now (None: as the manifest records it)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -65,7 +69,7 @@ class VerifyReport:
     docs: int
     tokens: int
     compared: int
-    """Documents --deep compared with tiktoken."""
+    """Documents --deep compared with the tokenizer's own library."""
 
     @property
     def ok(self) -> bool:
@@ -164,7 +168,7 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
                 "compared; re-tokenize it to check"], 0
     if isinstance(texts, Exception):
         return [f"{where}: --deep cannot read {entry.input} ({type(texts).__name__}: {str(texts).splitlines()[0]})"], 0
-    encoding = expected.encoder.encoding()
+    reference = expected.encoder.reference()
     ids, starts, lengths = (docs.column(c).to_pylist() for c in ("id", "start", "length"))
     problems = []
     for i in sample:
@@ -178,10 +182,10 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
             problems.append(f"{label}: the source text is {'null' if text is None else 'empty'}, "
                             "yet the partition holds tokens for it")
             continue
-        want = expected_document(encoding.encode_ordinary(text), eot=expected.eot, eot_position=expected.eot_position)
+        want = expected_document(reference.encode_one(text).tolist(), prefix=expected.prefix, suffix=expected.suffix)
         diff = compare_document(values[starts[i]:starts[i] + lengths[i]].tolist(), want)
         if diff:
-            problems.append(f"{label}: differs from tiktoken encode_ordinary: {diff}")
+            problems.append(f"{label}: differs from {reference.name}'s ids: {diff}")
     return problems, len(sample)
 
 
@@ -263,11 +267,13 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
 
     entries = manifest.by_index()
     enc = manifest.encoding
+    prefix, suffix = enc.boundaries(manifest.eot_position)
     expected = Expected(dtype=enc.dtype, n_vocab=enc.n_vocab, eot=enc.eot, eot_position=manifest.eot_position,
+                        prefix=prefix, suffix=suffix,
                         job=manifest.done_job(), text_column=manifest.text_column)
     loaded = None
     if config.deep:
-        loaded, encoding_problems = _deep_encoding(manifest, announce=announce)
+        loaded, encoding_problems = _deep_encoding(manifest, announce=announce, encoding=config.encoding)
         problems += encoding_problems
     sample = choose_sample([(e.index, int(e.docs)) for e in entries], n=config.deep, seed=config.seed) \
         if loaded is not None else {}
@@ -278,7 +284,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
                    *[machines.PathUse(option="input", url=path, writes=False, files=(path,)) for path in sorted(sampled)]]
     with runner.connect_to(config, announce=announce, local_paths=local_paths) as client:
         if loaded is not None:
-            plugin = EncoderPlugin(loaded)
+            plugin = EncoderPlugin(loaded, backend="reference")
             client.register_plugin(plugin)
             identities = {i["path"]: i["identity"] for i in manifest.inputs
                           if isinstance(i, dict) and i.get("path") in sampled and isinstance(i.get("identity"), dict)}
@@ -306,20 +312,29 @@ def _verify_partitions(client: Client, entries: list[PartitionEntry], sample: di
     return problems, sum(compared for _, compared in results)
 
 
-def _deep_encoding(manifest: Manifest, *, announce: Callable[[str], None]):
-    """(encoding, problems): the manifest's encoding must be the one this tiktoken builds."""
-    name = manifest.encoding.name
+def _deep_encoding(manifest: Manifest, *, announce: Callable[[str], None], encoding: str | None = None):
+    """(tokenizer, problems): the manifest's tokenizer, loaded here as a run loads it (from
+    ``encoding`` when given: the tokenizer's files moved, or the run came from another machine),
+    must be the one the run recorded: same fingerprint, same encoding block."""
+    block = manifest.encoding
+    name = encoding or (block.extra.get("source") if block.kind in ("hf", "sentencepiece") else None) or block.name
     try:
-        loaded = load_encoding(name, announce=announce)
+        loaded = registry.load(name, announce=announce)
     except UserError as e:
-        return None, [f"--deep: cannot load the manifest's encoding: {e}"]
+        return None, [f"--deep: cannot load the manifest's tokenizer {name!r}: {e}; pass --encoding where it is now"]
     problems = []
+    what = f"{name!r} as {getattr(loaded, 'library', 'tiktoken')} builds it here"
     if loaded.fingerprint != manifest.encoding_sha256:
         problems.append(f"manifest.json: encoding_sha256 {str(manifest.encoding_sha256)[:12]}… is not the "
-                        f"fingerprint of {name!r} as tiktoken builds it here ({loaded.fingerprint[:12]}…): "
+                        f"fingerprint of {what} ({loaded.fingerprint[:12]}…): "
                         "the tokens were made with a different vocabulary")
-    if loaded.spec.as_dict() != manifest.encoding.to_dict():
-        problems.append(f"manifest.json: encoding {manifest.encoding.to_dict()} != {loaded.spec.as_dict()} as tiktoken builds it")
+    prefix, suffix = block.boundaries(manifest.eot_position)
+    want = loaded.block(Boundaries(prefix=prefix, suffix=suffix))
+    have = block.to_dict()
+    differ = sorted(k for k in set(want) | set(have) if k not in ("source", "name") and want.get(k) != have.get(k))
+    if differ:
+        problems.append(f"manifest.json: encoding {', '.join(f'{k}={have.get(k)!r}' for k in differ)} != "
+                        f"{', '.join(f'{k}={want.get(k)!r}' for k in differ)} of {what}")
     return loaded, problems
 
 

@@ -1,0 +1,116 @@
+"""SentencePiece ``.model`` files (kind ``sentencepiece``): Llama 2, Mistral up to v0.3, Gemma.
+
+The reference is the ``sentencepiece`` library, which never makes a control token (``<s>``,
+``[INST]``) from text. gigatoken reads the same model with its control pieces marked unused, which
+makes it match none of them in text either; it is used only after it reproduces the reference.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from .boundaries import Boundaries
+from .encoders import SourceFile
+from .library import LibraryTokenizer, flat_ids, read_file, sha256
+
+CONTROL, UNUSED = 3, 5
+"""``ModelProto.SentencePiece.Type`` values (sentencepiece_model.proto)."""
+
+
+class SentencePieceTokenizer(LibraryTokenizer):
+    kind = "sentencepiece"
+    library = "sentencepiece"
+
+    @functools.cached_property
+    def _processor(self):
+        import sentencepiece
+
+        return sentencepiece.SentencePieceProcessor(model_proto=self.payload)
+
+    @property
+    def n_vocab(self) -> int:
+        return self._processor.get_piece_size()
+
+    @property
+    def bos(self) -> int | None:
+        found = self._processor.bos_id()
+        return found if found >= 0 else None
+
+    @property
+    def eos(self) -> int | None:
+        found = self._processor.eos_id()
+        return found if found >= 0 else None
+
+    @property
+    def natural(self) -> Boundaries:
+        """SentencePiece models (Llama 2, Mistral, Gemma) are trained with the BOS first."""
+        if self.bos is not None:
+            return Boundaries(prefix=(self.bos,), why="its BOS before each document, as SentencePiece models are trained")
+        if self.eos is not None:
+            return Boundaries(suffix=(self.eos,), why="the model has no BOS: its EOS after each document")
+        return Boundaries(why="the model has neither BOS nor EOS")
+
+    def token_name(self, token: int) -> str:
+        return self._processor.id_to_piece(token)
+
+    def special_strings(self) -> list[str]:
+        sp = self._processor
+        controls = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.is_control(i)][:256]
+        return [" ".join(controls[i:i + 64]) for i in range(0, len(controls), 64)] + [f"x{c}y" for c in controls[:32]]
+
+    def reference(self):
+        return SentencePieceReference(self._processor)
+
+    def gigatoken(self):
+        from .backends import GigatokenBackend
+
+        return GigatokenBackend(None, make=functools.partial(_gigatoken_without_controls, self.payload))
+
+
+def _gigatoken_without_controls(payload: bytes):
+    import gigatoken
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    model.ParseFromString(payload)
+    for piece in model.pieces:
+        if piece.type == CONTROL:
+            piece.type = UNUSED
+    return gigatoken.Tokenizer.from_sentencepiece(model.SerializeToString())
+
+
+class SentencePieceReference:
+    name = "sentencepiece"
+    eot_token = None
+
+    def __init__(self, processor):
+        self.processor = processor
+
+    def encode_one(self, text: str) -> np.ndarray:
+        return np.asarray(self.processor.encode(text), dtype=np.uint32)
+
+    def encode_many(self, texts) -> tuple[np.ndarray, np.ndarray]:
+        texts = list(texts)
+        return flat_ids(self.processor.encode(texts, num_threads=1) if texts else [], len(texts))
+
+
+def is_sentencepiece(data: bytes) -> bool:
+    """Whether ``data`` parses as a SentencePiece model (a protobuf, not a text rank file)."""
+    import sentencepiece
+
+    try:
+        sentencepiece.SentencePieceProcessor(model_proto=data)
+    except (RuntimeError, OSError, TypeError):
+        return False
+    return True
+
+
+def load_file(path: Path, *, name: str, source: str, data: bytes | None = None) -> SentencePieceTokenizer:
+    payload = data if data is not None else read_file(path, "SentencePiece model", fix="pass the tokenizer's .model file")
+    if not is_sentencepiece(payload):
+        raise UserError(f"{path}: not a SentencePiece model (sentencepiece cannot parse it); pass the tokenizer's .model file")
+    return SentencePieceTokenizer(name=name, source=source, files=(SourceFile(name=path.name, sha256=sha256(payload)),),
+                                  payload=payload)
