@@ -1,4 +1,4 @@
-"""A stand-in Hugging Face Hub for tests: serves one dataset repo from a folder to the real client.
+"""A stand-in Hugging Face Hub for tests: serves one dataset (or model) repo from a folder to the real client.
 
 It answers the requests huggingface_hub 2.x makes (read from its source, not guessed):
 
@@ -27,6 +27,14 @@ token`` / 403 as the Hub answers):
 - ``POST /api/datasets/REPO/commit/REV``: the NDJSON commit (``file`` base64, ``lfsFile``,
   ``deletedFile``, ``deletedFolder``); each commit gets a new commit id, which resolve and repo
   info then serve (``snapshot_download`` and ``hf_hub_download`` read what was uploaded).
+
+A model repo (``repo_type="model"``, read only: a tokenizer's files) is served at the same
+routes without the ``datasets`` part, as the Hub does: ``/api/models/REPO[/revision/REV]``,
+``/api/models/REPO/tree/REV[/PATH]``, ``/REPO/resolve/REV/PATH``. With ``gated=True`` repo info
+and the tree stay public (as on the Hub, where anyone sees a gated repo's files) but a file's
+``resolve`` needs ``Authorization: Bearer TOKEN`` of a user in ``tokens``: without one (or with
+an unknown one), 401 ``X-Error-Code: GatedRepo``; a user not in ``granted`` (who has not accepted
+the licence), 403 ``GatedRepo``. huggingface_hub raises ``GatedRepoError`` for both.
 
 Faults for tests: ``fail(...)`` answers matching requests (any method, uploads too) with a status
 (429, 500...) a number of times; ``drop(...)`` sends headers and only part of a body, then closes
@@ -61,7 +69,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-LFS_SUFFIXES = (".parquet", ".bin", ".npy", ".idx")
+LFS_SUFFIXES = (".parquet", ".bin", ".npy", ".idx", ".model", ".safetensors")
 """Stored as LFS, as the Hub's default ``.gitattributes`` says (``*.parquet``, ``*.bin``, ``*.npy``...)."""
 LINK_BURST = 0.05
 """Seconds of ``link_rate`` a sender may catch up after waking late: one chunk of ``_trickle``."""
@@ -94,13 +102,22 @@ class Logged:
 
 
 class HubServer:
-    """Serves the files under ``root`` as dataset repo ``repo`` at commit ``commit`` (branch ``main``)."""
+    """Serves the files under ``root`` as repo ``repo`` (a ``dataset``, or a ``model``: ``repo_type``)
+    at commit ``commit`` (branch ``main``)."""
 
     def __init__(self, root: Path, *, repo: str = "HuggingFaceFW/fineweb", commit: str | None = None,
                  page_size: int | None = None, branches: tuple[str, ...] = ("main",), list_subfolders: bool = True,
                  link_rate: int | None = None, host: str = "127.0.0.1", port: int = 0, log_file: Path | None = None,
-                 tokens: dict[str, str] | None = None, exists: bool = True):
+                 tokens: dict[str, str] | None = None, exists: bool = True, repo_type: str = "dataset",
+                 gated: bool = False, granted: frozenset[str] | None = None):
+        if repo_type not in ("dataset", "model"):
+            raise ValueError(f"repo_type={repo_type!r}: this stand-in serves 'dataset' or 'model' repos")
         self.root = Path(root)
+        self.repo_type = repo_type
+        self.gated = gated
+        """True: downloads need the token of a user in ``tokens`` (and in ``granted``, when given)."""
+        self.granted = granted
+        """Users who accepted a gated repo's licence; None: every user with a token."""
         self.host, self.port = host, port
         self.log_file = Path(log_file) if log_file else None
         """One JSON line per request (a ``Logged``), appended once the body went out."""
@@ -245,6 +262,25 @@ class HubServer:
         return None
 
     # -- the repo --
+    @property
+    def api_path(self) -> str:
+        """``/api/datasets/REPO`` or ``/api/models/REPO``."""
+        return f"/api/{self.repo_type}s/{self.repo}"
+
+    @property
+    def repo_path(self) -> str:
+        """Where ``resolve`` URLs start: ``/datasets/REPO``, or ``/REPO`` for a model."""
+        return f"/datasets/{self.repo}" if self.repo_type == "dataset" else f"/{self.repo}"
+
+    def may_download(self, authorization: str | None) -> int | None:
+        """None when a file may be downloaded, else the status a gated repo answers (401, 403)."""
+        if not self.gated:
+            return None
+        user = self.user(authorization)
+        if user is None:
+            return 401
+        return None if self.granted is None or user in self.granted else 403
+
     def files(self) -> list[str]:
         if not self.exists:
             return []
@@ -355,10 +391,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         if "Content-Length" not in (headers or {}):
             self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        # Logged before the body goes out: a client that has the whole body must find its request
-        # in the log (logging after the write raced the test thread that reads the log).
+        # Logged before the headers go out: a client that has the whole answer (a HEAD's is its
+        # headers) must find its request in the log (logging after the write raced the test thread
+        # that reads the log).
         self.hub.requests.append(self._logged(status, 0 if head else len(body)))
+        self.end_headers()
         sent = 0
         try:
             if not head:
@@ -401,22 +438,23 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         path = unquote(url.path)
         query = parse_qs(url.query)
-        api = f"/api/datasets/{hub.repo}"
-        resolve = f"/datasets/{hub.repo}/resolve/"
+        api = hub.api_path
+        resolve = hub.repo_path + "/resolve/"
         if path == "/api/whoami-v2":
             self._whoami()
         elif path.startswith(api + "/auth-check"):
             self._auth_check(write=path.endswith("/write"))
         elif not hub.exists and (path == api or path.startswith((api + "/", resolve))):
             self._error(404, "RepoNotFound", "Repository not found", head=head)
-        elif path.startswith("/api/datasets/") and not path.startswith(api + "/") and path != api:
+        elif path.startswith(("/api/datasets/", "/api/models/")) and not path.startswith(api + "/") and path != api:
             self._error(404, "RepoNotFound", "Repository not found", head=head)
         elif path == api or path.startswith(api + "/revision/"):
             rev = path[len(api + "/revision/"):] if path != api else "main"
             if not self._known_revision(rev):
                 self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head=head)
                 return
-            self._json(200, {"id": hub.repo, "sha": hub.commit, "private": False, "gated": False, "disabled": False,
+            self._json(200, {"id": hub.repo, "sha": hub.commit, "private": False, "gated": "manual" if hub.gated else False,
+                             "disabled": False,
                              "siblings": [{"rfilename": f} for f in hub.files()]})
         elif path.startswith(api + "/tree/"):
             rev, _, folder = path[len(api + "/tree/"):].partition("/")
@@ -430,13 +468,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._paged(entries, query)
         elif path.startswith(resolve):
             rev, _, file = path[len(resolve):].partition("/")
-            if not self._known_revision(rev):
+            denied = hub.may_download(self.headers.get("Authorization"))
+            if denied == 401:
+                self._error(401, "GatedRepo", f"Access to {hub.repo_type} {hub.repo} is restricted. You must have access "
+                            "to it and be authenticated to access it. Please log in.", head=head)
+            elif denied == 403:
+                self._error(403, "GatedRepo", f"Access to {hub.repo_type} {hub.repo} is restricted and you are not in "
+                            f"the authorized list. Visit {hub.url}/{hub.repo} to ask for access.", head=head)
+            elif not self._known_revision(rev):
                 self._error(404, "RevisionNotFound", f"Invalid rev id: {rev}", head=head)
             elif not (hub.root / file).is_file() or file not in hub.files():
                 self._error(404, "EntryNotFound", f"{file} does not exist on {rev}", head=head)
             else:
                 self._file(file, head=head, drop_after=fault.drop_after if fault else None)
-        elif path.startswith("/datasets/") or path.startswith("/api/"):
+        elif path.startswith(("/datasets/", "/api/")) or re.match(r"/[^/]+/[^/]+/resolve/", path):
             self._error(404, "RepoNotFound", "Repository not found", head=head)
         else:
             self._send(404, b"not found", head=head)
@@ -724,9 +769,11 @@ def _closed_range(header: str | None) -> bool:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="Serve a folder as a dataset repo to huggingface_hub (HF_ENDPOINT).")
+    p = argparse.ArgumentParser(description="Serve a folder as a dataset or model repo to huggingface_hub (HF_ENDPOINT).")
     p.add_argument("root")
     p.add_argument("--repo", default="HuggingFaceFW/fineweb")
+    p.add_argument("--repo-type", choices=("dataset", "model"), default="dataset",
+                   help="serve a model repo (e.g. a tokenizer's files for --encoding ORG/NAME)")
     p.add_argument("--page-size", type=int)
     p.add_argument("--rate", type=float, metavar="MB_S", help="cap all downloads together at this many MB/s")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -736,7 +783,8 @@ def main() -> None:
                    help="a token that may write to USER's repos (repeatable)")
     a = p.parse_args()
     with HubServer(Path(a.root), repo=a.repo, page_size=a.page_size, link_rate=int(a.rate * 1e6) if a.rate else None,
-                   host=a.host, port=a.port, log_file=a.log, tokens=dict(t.split("=", 1) for t in a.token)) as hub:
+                   host=a.host, port=a.port, log_file=a.log, tokens=dict(t.split("=", 1) for t in a.token),
+                   repo_type=a.repo_type) as hub:
         print(f"HF_ENDPOINT={hub.url}  (repo {hub.repo}, commit {hub.commit}); Ctrl-C stops", flush=True)
         try:
             while True:
