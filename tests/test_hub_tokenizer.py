@@ -271,3 +271,48 @@ def test_the_environment_a_user_sets(model_root, tmp_path):
     assert served == 2
     missing = _run(code, {**env, "HF_HUB_OFFLINE": "1"} | {"HF_HUB_CACHE": str(tmp_path / "empty")})
     assert missing.returncode == 2 and "has no tokenizer.json or tokenizer.model in the cache" in missing.stdout
+
+
+def test_tokenize_with_a_hub_repo_id_through_the_cli(model_root, tmp_path):
+    """`tokenize --encoding ORG/NAME@BRANCH` of a gated repo: the client downloads the tokenizer
+    files once, the workers get them from the plugin (no worker asks the Hub), the manifest
+    records the repo at its resolved commit, ids equal `tokenizers`' and `verify --deep` agrees."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [*SENTENCES[:6], "text with <|endoftext|> inside", None, ""]
+    corpus = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"text": texts, "id": [f"d{i}" for i in range(len(texts))]}), corpus)
+    out = tmp_path / "out"
+    tokenshards = str(Path(sys.executable).with_name("tokenshards"))
+    env = {"HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_XET": "1",
+           "HF_TOKEN": TOKEN}
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_"))}
+    with HubServer(model_root, repo=REPO, repo_type="model", branches=("main", "v2"), gated=True, tokens=TOKENS) as server:
+        env["HF_ENDPOINT"] = server.url
+        run = subprocess.run([tokenshards, "tokenize", "--input", str(corpus), "--out", str(out), "--encoding",
+                              f"{REPO}@v2", "--workers", "2", "--progress", "none", "--dashboard-address", ":0"],
+                             env={**base, **env}, capture_output=True, text=True, timeout=240)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert TOKEN not in run.stdout + run.stderr
+        assert len(server.downloads()) == 2  # tokenizer.json and tokenizer_config.json, by the client alone
+        check = subprocess.run([tokenshards, "verify", str(out), "--deep", "20", "--workers", "1", "--progress", "none",
+                                "--dashboard-address", ":0"], env={**base, **env}, capture_output=True, text=True,
+                               timeout=240)
+        assert check.returncode == 0 and "re-tokenized: OK" in check.stdout, check.stdout + check.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    enc = manifest["encoding"]
+    assert enc["kind"] == "hf" and enc["source"] == f"{REPO}@{server.commit}"
+    assert [f["name"] for f in enc["files"]] == ["tokenizer.json", "tokenizer_config.json"]
+    eot = Tokenizer.from_str(_tokenizer_json().decode()).token_to_id("<|endoftext|>")
+    assert (enc["prefix"], enc["suffix"], manifest["eot_position"]) == ([], [eot], "suffix")
+    reference = Tokenizer.from_str((model_root / "tokenizer.json").read_text())
+    reference.encode_special_tokens = True
+    [part] = manifest["partitions"]
+    tokens = np.load(out / part["tokens_file"])
+    docs = pq.read_table(out / part["docs_file"]).to_pylist()
+    assert [d["row"] for d in docs] == list(range(7))
+    for d in docs:
+        want = reference.encode(texts[d["row"]], add_special_tokens=False).ids + [eot]
+        assert tokens[d["start"]:d["start"] + d["length"]].tolist() == want

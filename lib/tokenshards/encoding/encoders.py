@@ -148,7 +148,10 @@ class LoadedEncoding:
         base = {"name": self.name, "n_vocab": self.n_vocab, "eot": boundaries.eot(fallback), "dtype": self.dtype}
         if self.legacy and boundaries.single:
             return base
-        return {**base, "kind": self.kind, "source": self.source, "files": [f.to_dict() for f in self.files],
+        # A tiktoken name's source is the name: where tiktoken found its ranks (a download, the
+        # packaged copy, our parsed copy) never changes them (tiktoken pins their sha256).
+        source = self.name if self.kind == "tiktoken" else self.source
+        return {**base, "kind": self.kind, "source": source, "files": [f.to_dict() for f in self.files],
                 "prefix": list(boundaries.prefix), "suffix": list(boundaries.suffix)}
 
     @property

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.metadata
 from pathlib import Path
 
 import tiktoken
@@ -59,7 +58,9 @@ def load(family: str, path: str | None = None) -> LoadedEncoding:
     name = family if path is None else f"{family}:{path}"
     params = {"name": name, "pat_str": getattr(meta_class, pattern_attr), "mergeable_ranks": ranks,
               "special_tokens": dict(meta.special_tokens)}
-    source = (f"{file} (llama-models {importlib.metadata.version('llama-models')})" if path is None else str(file))
+    # Stable across installs (a venv elsewhere, a newer llama-models with the same file): the
+    # files' sha256 say which vocabulary it is, the source where to find it again.
+    source = f"llama-models {family}/tokenizer.model" if path is None else str(file)
     return LoadedEncoding(encoding=tiktoken.Encoding(**params), params=params, source=source, kind="tiktoken-file",
                           files=(SourceFile(name=file.name, sha256=hashlib.sha256(data).hexdigest()),),
                           bos_name=BOS, eos_name=EOS, natural_boundary="bos")

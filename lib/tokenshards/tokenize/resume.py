@@ -128,6 +128,13 @@ def describe_conflict(old: dict, new: dict) -> str:
     for key in sorted(set(old) | set(new)):
         if key == "inputs" or old.get(key) == new.get(key):
             continue
+        if key == "encoding_sha256" and "encoding" in changes_of(old, new):
+            continue  # the encoding's own change says it better
+        if isinstance(old.get(key), dict) and isinstance(new.get(key), dict):  # the encoding block: what differs in it
+            inner = old[key], new[key]
+            changes += [f"{key} {k} {_shown(inner[0].get(k))} → {_shown(inner[1].get(k))}"
+                        for k in sorted(set(inner[0]) | set(inner[1])) if inner[0].get(k) != inner[1].get(k)]
+            continue
         changes.append(f"{key} {old.get(key)!r} → {new.get(key)!r}")
     old_inputs = {i["path"]: i for i in old.get("inputs", [])}
     new_inputs = {i["path"]: i for i in new.get("inputs", [])}
@@ -137,6 +144,17 @@ def describe_conflict(old: dict, new: dict) -> str:
     if added or removed or changed:
         changes.append(f"inputs ({added} added, {removed} removed, {changed} changed: size, rows or modification)")
     return "; ".join(changes) or "nothing visible"
+
+
+def changes_of(old: dict, new: dict) -> set[str]:
+    return {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
+
+
+def _shown(value) -> str:
+    """A value of the encoding block, short: files by name and the start of their sha256."""
+    if isinstance(value, list) and value and all(isinstance(v, dict) and "sha256" in v for v in value):
+        return "[" + ", ".join(f"{v.get('name')} {str(v.get('sha256'))[:12]}…" for v in value) + "]"
+    return repr(value)
 
 
 def add_hint(old: dict, new: dict) -> str:
