@@ -38,6 +38,7 @@ PARTITION_MB = "0.2"
 CASES = {
     "llama3": ("llama3", "llama3", 2),
     "llama4": ("llama4", "llama4", 1),
+    "llama3-path": ("llama3", "family:path", 1),  # Meta's rank file by path, the family giving pattern + specials
     "qwen3-file": ("hf-qwen3", "file", 1),
     "qwen3-folder": ("hf-qwen3", "folder", 1),
     "llama3_1-file": ("hf-llama3_1", "file", 1),
@@ -190,6 +191,8 @@ def encoding_arg(case: str, tokenizer_files: dict[str, Path]) -> str:
         return str(tokenizer_files[key])
     if how == "folder":
         return str(tokenizer_files[key].parent)
+    if how == "family:path":
+        return f"{key}:{tokenizer_files[key]}"
     return how
 
 
