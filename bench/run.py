@@ -14,7 +14,10 @@ measures the whole mix and English alone in one invocation. The first corpus aga
 ``--memory-scale`` x checks that peak memory stays flat, the many-partition case measures our
 fixed cost per partition (issue 24: at most 5 ms of worker CPU) beside Dask's own floor for a task
 of the job's shape (``dask_floor.py``), and the encodings case times gpt2
-and cl100k_base in one command against one command each (issue 25; ``encodings_at_once.py``).
+and cl100k_base in one command against one command each (issue 25; ``encodings_at_once.py``); the
+tokenizers case times Llama 3 and Qwen3 against bare gigatoken, datatrove and Megatron with those
+tokenizers, and against our gpt2 rate on the same text (issue 44; ``tokenizers_case.py``, which also
+runs alone at 1 GB: bench/results-tokenizers.json).
 
     python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--lang all,en] [--megatron-src DIR]
     python bench/run.py --mb 1000 --lang all,en --default-only --memory-scale 0 --skip-export \
@@ -618,6 +621,14 @@ def print_encodings(e: dict) -> None:
           f"{e['outputs_identical_to_separate_runs']}")
 
 
+def tokenizers_case(corpus: Path, a, scratch: Path, peer) -> dict:
+    """Issue 44: Llama 3 and Qwen3 on the corpus just measured (``tokenizers_case.measure``)."""
+    from tokenizers_case import measure
+
+    return measure(corpus, workers=a.workers, repeats=a.repeats, scratch=scratch / "tokenizers", peer=peer,
+                   cache=a.scratch)
+
+
 def prepare_peer(a) -> object:
     """Megatron's fast path, ready to run, or the reason it is not (one line)."""
     if a.no_peer:
@@ -646,6 +657,9 @@ def main() -> None:
                     help="only the many-partition case and Dask's floor (written to bench/results-partitions.json)")
     ap.add_argument("--encodings-case", action=argparse.BooleanOptionalAction, default=True,
                     help="time two encodings in one command against one command each, on the first corpus (default on)")
+    ap.add_argument("--tokenizers-case", action=argparse.BooleanOptionalAction, default=True,
+                    help="Llama 3 and Qwen3 against bare gigatoken, datatrove and Megatron, on the first corpus "
+                         "(default on; bench/tokenizers_case.py runs it alone)")
     ap.add_argument("--megatron-src", type=Path, default=os.environ.get("MEGATRON_SRC") or None,
                     help="Megatron-LM git repository or checkout for the peer (default $MEGATRON_SRC)")
     ap.add_argument("--default-only", action="store_true",
@@ -720,6 +734,11 @@ def main() -> None:
         if a.encodings_case:
             results["encodings"] = encodings_case(corpus, a, scratch)
             print_encodings(results["encodings"])
+        if a.tokenizers_case:
+            from tokenizers_case import describe
+
+            results["tokenizers"] = tokenizers_case(corpus, a, scratch, peer)
+            print("\n".join(describe(results["tokenizers"])))
     a.out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"written to {a.out}")
 
