@@ -229,3 +229,68 @@ def test_done_record_with_a_hostile_path_is_not_kept(copy, inputs, cluster):
     code, printed = _cli("tokenize", "--input", str(inputs / "a.parquet"), str(inputs / "b.parquet"),
                          "--out", str(copy), "--partition-mb", "0.03", "--scheduler", cluster.scheduler_address)
     _refused(code, printed, "done.json", "not a path relative to OUT")
+
+
+# -- impossible requests and everyday mistakes -------------------------------------------------------
+
+def test_overwrite_removes_another_formats_export(run, tmp_path, cluster):
+    dest = tmp_path / "dest"
+    common = ["--to", str(dest), "--val-tokens", "1000", "--shard-tokens", "5000", "--scheduler", cluster.scheduler_address]
+    code, printed = _cli("export", str(run), "--format", "llmc", *common)
+    assert code == 0 and list(dest.glob("fineweb_*.bin")), printed
+    code, printed = _cli("export", str(run), "--format", "npy", *common)
+    _refused(code, printed, "already holds an export", "--overwrite")
+    code, printed = _cli("export", str(run), "--format", "npy", *common, "--overwrite")
+    assert code == 0, printed
+    assert not list(dest.glob("fineweb_*.bin")), sorted(p.name for p in dest.iterdir())
+    record = json.loads((dest / "fineweb_export.json").read_text())
+    assert sorted(f["name"] for f in record["files"]) == sorted(p.name for p in dest.glob("fineweb_*.npy"))
+
+
+@pytest.mark.parametrize("where", ["", "parts", "parts/deeper"])
+def test_export_into_the_run_itself_is_refused(copy, cluster, where):
+    to = copy / where if where else copy
+    code, printed = _cli("export", str(copy), "--format", "npy", "--to", str(to), "--val-tokens", "1000",
+                         "--scheduler", cluster.scheduler_address)
+    _refused(code, printed, f"--to {to}", "the run", "choose a folder outside it")
+    assert sorted(p.name for p in (copy / "parts").iterdir()) == sorted(p.name for p in (Path(str(copy)).parent / "copy" / "parts").iterdir())
+    code, printed = _cli("verify", str(copy), "--scheduler", cluster.scheduler_address)
+    assert code == 0, printed
+
+
+def test_export_to_an_existing_file(run, tmp_path, cluster):
+    target = tmp_path / "taken.txt"
+    target.write_text("mine")
+    code, printed = _cli("export", str(run), "--format", "llmc", "--to", str(target), "--val-tokens", "1000",
+                         "--scheduler", cluster.scheduler_address)
+    _refused(code, printed, str(target), "existing file, not a folder")
+    assert target.read_text() == "mine"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e-9", "0", "-3"])
+def test_impossible_partition_sizes(inputs, tmp_path, value):
+    code, printed = _cli("tokenize", "--input", str(inputs / "a.parquet"), "--out", str(tmp_path / "out"),
+                         f"--partition-mb={value}", "--scheduler", "tcp://127.0.0.1:9")
+    _refused(code, printed, "--partition-mb", "must be")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("address", ["notaport", ":99999", "host:-1", "127.0.0.1:"])
+def test_impossible_dashboard_addresses(run, address):
+    code, printed = _cli("verify", str(run), f"--dashboard-address={address}")
+    _refused(code, printed, f"--dashboard-address {address!r}", "port in 0..65535")
+
+
+def test_the_dashboards_url_given_as_the_scheduler(run):
+    code, printed = _cli("verify", str(run), "--scheduler", "http://127.0.0.1:8787")
+    _refused(code, printed, "--scheduler 'http://127.0.0.1:8787'", "dashboard", "tcp://HOST:8786")
+
+
+def test_a_run_that_failed_before_its_first_partition_is_not_told_to_resume(inputs, tmp_path):
+    out = tmp_path / "out"
+    code, printed = _cli("tokenize", "--input", str(inputs / "a.parquet"), "--out", str(out), "--text-column", "nosuch",
+                         "--workers", "1", "--progress", "none")
+    _refused(code, printed, "no text column 'nosuch'")
+    for command in (["verify", str(out), "--scheduler", "tcp://127.0.0.1:9"], ["inspect", str(out)]):
+        line = _refused(*_cli(*command), "stopped", "before its first partition")
+        assert "resume" not in line.replace("nothing to check or resume", ""), line

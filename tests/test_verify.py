@@ -308,6 +308,7 @@ def test_cli_damaged_run_exits_1_with_a_line_per_problem(copy, cluster):
 
 def test_cli_missing_manifest_is_one_line(tmp_path, capsys):
     (tmp_path / "half" / "parts").mkdir(parents=True)  # an unfinished run: parts/, no manifest yet
+    (tmp_path / "half" / v1.done_file(0)).write_text("{}")
     assert main(["verify", str(tmp_path / "half")]) == 2
     assert capsys.readouterr().err == (f"tokenshards: error: {tmp_path / 'half'} has no manifest.json: the run did "
                                        "not finish; rerun the same tokenize command to resume\n")

@@ -5,6 +5,7 @@ import argparse
 import atexit
 import importlib
 import json
+import math
 import os
 import sys
 import traceback
@@ -77,8 +78,18 @@ def _run_options(args) -> dict:
 def _corpus_options(args) -> dict:
     """The corpus, how it is cut and how progress shows, as tokenize and train-bpe both take them."""
     return {"inputs": tuple(args.input), "text_column": args.text_column,
-            "partition_bytes": int(args.partition_mb * 1e6) if args.partition_mb is not None else None,
+            "partition_bytes": _partition_bytes(args.partition_mb),
             "hub": _hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch)}
+
+
+def _partition_bytes(megabytes: float | None) -> int | None:
+    """``--partition-mb`` in bytes: a finite size of at least one byte (nan, inf, 1e-9 are refused)."""
+    if megabytes is None:
+        return None
+    if not (math.isfinite(megabytes) and megabytes * 1e6 >= 1):
+        raise UserError(f"--partition-mb {megabytes:g} must be a finite number of megabytes of at least "
+                        "0.000001 (one byte); the default sizes partitions from the corpus")
+    return int(megabytes * 1e6)
 
 
 def _print_lines(result) -> int:

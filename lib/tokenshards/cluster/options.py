@@ -29,3 +29,20 @@ class RunOptions:
             raise UserError(f"--workers {self.workers} must be at least 1")
         if self.progress not in MODES:
             raise UserError(f"--progress {self.progress!r} not supported, expected one of {', '.join(MODES)}")
+        if self.scheduler is not None and self.scheduler.lower().startswith(("http://", "https://")):
+            raise UserError(f"--scheduler {self.scheduler!r} is a web address, likely the dashboard's URL (port 8787 by "
+                            "default): pass the scheduler's own address, tcp://HOST:8786 unless it was started otherwise")
+        check_dashboard_address(self.dashboard_address)
+
+
+def check_dashboard_address(address) -> None:
+    """``HOST:PORT`` or ``:PORT`` with a port in 0..65535 (0: any free port), else a one-line
+    ``UserError``: distributed would take ``notaport`` with a traceback and ``:99999`` by moving
+    to a random port without a word."""
+    if address is None:
+        return
+    text = str(address)
+    _, colon, port = text.rpartition(":")
+    if not (port.isdigit() and int(port) <= 65535 and (colon or text.isdigit())):
+        raise UserError(f"--dashboard-address {text!r}: expected HOST:PORT or :PORT with a port in 0..65535 "
+                        "(e.g. :8787, 127.0.0.1:8787, or :0 for any free port)")

@@ -6,6 +6,8 @@ imports the other's module for these; ``job.run_export`` only hands shuffled exp
 from __future__ import annotations
 
 import fnmatch
+import json
+import os
 import posixpath
 import uuid
 from dataclasses import dataclass
@@ -65,6 +67,24 @@ def record_settings(config: ExportConfig, manifest, dtype: str) -> dict:
     }
 
 
+def check_destination(config: ExportConfig) -> None:
+    """One line, before anything is read or written: DEST must be a folder (or missing), and not
+    a run being exported nor inside one (its files would join the run's, and verify would fail)."""
+    dest_fs, dest_root = filesystem(config.to, config.storage_options)
+    local = is_local(dest_fs)
+    if local and os.path.exists(dest_root) and not os.path.isdir(dest_root):
+        raise UserError(f"--to {config.to}: is an existing file, not a folder; choose a folder (it is made if missing)")
+    dest = os.path.realpath(dest_root) if local else dest_root.rstrip("/")
+    for run in config.runs:
+        run_fs, run_root = filesystem(run, config.storage_options)
+        if is_local(run_fs) != local:
+            continue
+        source = os.path.realpath(run_root) if local else run_root.rstrip("/")
+        if dest == source or dest.startswith(source + "/"):
+            raise UserError(f"--to {config.to}: is {'the run' if dest == source else 'inside the run'} {run} being "
+                            "exported; its files would mix with the run's: choose a folder outside it")
+
+
 def dest_lease(config: ExportConfig, *, announce: Callable[[str], None]) -> Lease:
     """One live writer per folder, exports and tokenize runs alike: --overwrite never removes a
     live writer's files (``storage.lease``)."""
@@ -78,6 +98,8 @@ def prepare_dest(fs, root: str, config: ExportConfig) -> None:
     --overwrite, which removes them first; then check DEST is writable."""
     patterns = config.fmt.patterns(config.name_prefix) + [config.fmt.record_name(config.name_prefix)]
     fs.invalidate_cache(root)  # s3fs caches listings per process; workers may have written since
+    if config.overwrite:  # the record this export replaces may be another format's: its files go too
+        patterns += earlier_format_patterns(fs, root, config)
     found = sorted({p for pattern in patterns for p in fs.glob(join(root, pattern))})
     if found and not config.overwrite:
         names = ", ".join(posixpath.basename(p) for p in found[:3]) + (" ..." if len(found) > 3 else "")
@@ -92,6 +114,25 @@ def prepare_dest(fs, root: str, config: ExportConfig) -> None:
         fs.rm(probe)
     except Exception as e:
         raise UserError(f"cannot write to {config.to!r}: {type(e).__name__}: {e}; choose another --to or fix its permissions") from e
+
+
+def earlier_format_patterns(fs, root: str, config: ExportConfig) -> list[str]:
+    """The file globs of the export whose record this one replaces, when it was of another format
+    (an llmc export overwritten by an npy one must not leave its ``.bin`` shards beside the new
+    ones). Globs of a known format, under DEST: the record's own file list is never trusted."""
+    from . import formats
+
+    path = join(root, config.fmt.record_name(config.name_prefix))
+    try:
+        if is_local(fs) and not os.path.isfile(path):  # missing, or not a regular file: never opened
+            return []
+        record = json.loads(fs.cat_file(path))
+    except (OSError, ValueError):
+        return []
+    earlier = record.get("export_format") if isinstance(record, dict) else None
+    if earlier == config.format or earlier not in formats.REGISTRY:
+        return []
+    return formats.get(earlier).patterns(config.name_prefix)
 
 
 def _clear_unfinished(fs, root: str, patterns: list[str]) -> None:

@@ -19,7 +19,7 @@ from ..format.reader import open_manifest
 from ..storage.lease import Lease
 from ..storage.store import filesystem
 from . import valsplit
-from .common import (RECORD_FORMAT, ExportSummary, dest_lease, finish, prepare_dest, record_settings, val_candidates,
+from .common import (RECORD_FORMAT, ExportSummary, check_destination, dest_lease, finish, prepare_dest, record_settings, val_candidates,
                      write_files)
 from .config import DEFAULT_CHUNK_BYTES, DEFAULT_SHARD_TOKENS, DEFAULT_VAL_TOKENS, ExportConfig
 from .layout import Chunk, Streams
@@ -35,6 +35,7 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
         from .publish import PublishConfig, run_publish
 
         return run_publish(PublishConfig(export=config), announce=announce)
+    check_destination(config)
     if config.shuffled:
         from .shuffle import run_shuffled_export
 

@@ -801,13 +801,29 @@ def read_npy_header(raw: bytes) -> NpyHeader:
 
 def not_a_run(fs: fsspec.AbstractFileSystem, root: str, url: str) -> str | None:
     """The one-line reason when ``root`` (which has no manifest.json) holds no tokenshards run at
-    all; None when it holds an unfinished one (its job file or ``parts/`` is there)."""
+    all, or one that stopped before committing anything; None when it holds an unfinished run
+    that a rerun resumes (its job file, or a committed partition, is there)."""
     start = f"{url}: no manifest.json; not a finished tokenshards run"
     advice = "pass the --out folder of a `tokenshards tokenize` run"
     if not fs.exists(root):
         return f"{start} (there is no such folder: check the path, or {advice})"
-    if fs.exists(join(root, JOB_FILE)) or fs.exists(join(root, "parts")):
+    if fs.exists(join(root, JOB_FILE)):
         return None
+    if fs.exists(join(root, "parts")):
+        # Without a job file, a parts/ holding no done record is what a run that failed before its
+        # first partition (unknown encoding, missing column) leaves: there is nothing to resume.
+        try:
+            if fs.glob(join(root, "parts", "part-*.done.json")):
+                return None
+        except OSError:
+            return None
+        return (f"{start}: parts/ holds no committed partition and there is no {JOB_FILE}, so there is nothing "
+                "to check or resume: a tokenize run there stopped (or is still starting) before its first "
+                "partition; fix what it reported and run it again")
+    return _not_a_run_at_all(fs, root, start, advice)
+
+
+def _not_a_run_at_all(fs: fsspec.AbstractFileSystem, root: str, start: str, advice: str) -> str:
     looks_like = ""
     try:  # one listing of the folder itself: cheap even when it is a large input prefix
         if fs.glob(join(root, "*.parquet")):
