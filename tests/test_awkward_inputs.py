@@ -15,6 +15,7 @@ from readback import expected_tokens, read_documents
 
 from conftest import not_utf8, write_parquet
 import tokenshards.verify.job as verify_job
+from tokenshards.encoding.backends import TiktokenBackend
 from tokenshards.errors import UserError
 from tokenshards.format import v1
 from tokenshards.tokenize.config import TokenizeConfig
@@ -149,8 +150,8 @@ def test_verify_deep_reports_an_input_replaced_during_its_read(tokenize, tmp_pat
     recorded = {i["path"]: i["identity"] for i in manifest.inputs}
 
     class Encoder:
-        def encoding(self):
-            return gpt2
+        def reference(self):
+            return TiktokenBackend(gpt2)
 
     expected = Expected(dtype=manifest.encoding.dtype, n_vocab=manifest.encoding.n_vocab, eot=manifest.encoding.eot,
                         eot_position=manifest.eot_position, job=manifest.done_job(), text_column="text",

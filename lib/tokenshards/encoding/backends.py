@@ -67,6 +67,8 @@ class TiktokenBackend:
     (special-token strings stay text) but returns a buffer, not a list of Python ints."""
 
     name = "tiktoken"
+    judge = "tiktoken encode_ordinary"
+    """How problems name it: the call whose ids every other backend must give."""
 
     def __init__(self, encoding: tiktoken.Encoding):
         self.encoding = encoding
@@ -342,8 +344,9 @@ class CheckedBackend:
             doc = text(i)
             want = self.reference.encode_one(doc)
             if not np.array_equal(flat[ends[i] - lengths[i]:ends[i]], want):
+                fix = "tiktoken" if self.reference.name == "tiktoken" else "reference"
                 raise BackendMismatch(f"backend {self.name} disagrees with {self.reference.name} on a document starting "
-                                      f"{doc[:40]!r}; rerun with --backend reference")
+                                      f"{doc[:40]!r}; rerun with --backend {fix}")
 
     def _with_huge(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """The reference for documents over HUGE_CHARS (tiktoken: same ids, a third less peak memory

@@ -380,8 +380,9 @@ class EncoderPlugin(WorkerPlugin):
         try:
             self.backend = self.loaded.build(self.backend_name)
         except ImportError as e:  # the client has the backend, this machine does not
+            reference = "tiktoken" if self.loaded.kind.startswith("tiktoken") else "reference"
             raise UserError(f"worker {worker.address} cannot load the {self.backend_name} backend ({e}); install "
-                            "tokenshards[fast] on every worker, or pass --backend reference") from e
+                            f"tokenshards[fast] on every worker, or pass --backend {reference}") from e
         self.reference = getattr(self.backend, "reference", self.backend)
 
     @property

@@ -131,6 +131,7 @@ class HFReference:
     pool in every worker process), special-token strings as text, nothing added."""
 
     name = "tokenizers"
+    judge = "tokenizers (encode_special_tokens, add_special_tokens=False)"
     eot_token = None
 
     def __init__(self, tokenizer):

@@ -84,6 +84,7 @@ def _gigatoken_without_controls(payload: bytes):
 
 class SentencePieceReference:
     name = "sentencepiece"
+    judge = "sentencepiece encode"
     eot_token = None
 
     def __init__(self, processor):

@@ -83,9 +83,10 @@ class TaskSettings:
     storage_options: dict
     encoder: WorkerEncoder
     dtype: str
-    boundaries: Boundaries
-    """Placed around each document's ids (``encoding.boundaries``)."""
     job: str
+    boundaries: Boundaries | None = None
+    """Placed around each document's ids (``encoding.boundaries``); None: one eot at ``eot_position``."""
+    eot_position: str | None = None
     text_column: str = "text"
     on_bad_file: str = "fail"
     backend: str = ""
@@ -347,7 +348,7 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
     invalid_rows = all_rows[invalid].tolist() if invalid else ()
     results = []
     for each, backend in zip(settings, backends):
-        batch = tokenize_column(text, backend, boundaries=each.boundaries, dtype=each.dtype)
+        batch = tokenize_column(text, backend, boundaries=each.boundaries, eot_position=each.eot_position, dtype=each.dtype)
         fs, root = filesystem(each.out, each.storage_options)
         # The tokens file, most of the bytes, starts on its way to the disk (or S3) first; its
         # checksum and the docs file are made while it goes.

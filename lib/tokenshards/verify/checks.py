@@ -33,9 +33,16 @@ class Expected:
     eot_position: str
     job: str
     text_column: str
-    prefix: tuple[int, ...] = ()
-    suffix: tuple[int, ...] = ()
-    """Each document's boundary tokens (``v1.boundaries``): ``prefix + ids(text) + suffix``."""
+    prefix: tuple[int, ...] | None = None
+    suffix: tuple[int, ...] | None = None
+    """Each document's boundary tokens (``Encoding.boundaries``): ``prefix + ids(text) + suffix``;
+    None: the one ``eot`` at ``eot_position``."""
+
+    def __post_init__(self):
+        if self.prefix is None or self.suffix is None:
+            one = (self.eot,)
+            object.__setattr__(self, "prefix", one if self.eot_position == "prefix" else ())
+            object.__setattr__(self, "suffix", one if self.eot_position == "suffix" else ())
     encoder: WorkerEncoder | None = None
     """Set when --deep compares documents: the encoding its worker's plugin holds."""
     input_identities: dict | None = None

@@ -185,7 +185,7 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
         want = expected_document(reference.encode_one(text).tolist(), prefix=expected.prefix, suffix=expected.suffix)
         diff = compare_document(values[starts[i]:starts[i] + lengths[i]].tolist(), want)
         if diff:
-            problems.append(f"{label}: differs from {reference.name}'s ids: {diff}")
+            problems.append(f"{label}: differs from {getattr(reference, 'judge', reference.name)}: {diff}")
     return problems, len(sample)
 
 
