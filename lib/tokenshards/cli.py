@@ -12,6 +12,7 @@ import traceback
 
 from .cluster import interrupt
 from .encoding import names
+from .encoding.boundaries import BOUNDARY_CHOICES
 from .errors import UserError
 
 
@@ -112,7 +113,7 @@ def _add_tokenize(sub) -> None:
                    help="tokenizer implementation; ids always equal the tokenizer's own library's (default auto: the "
                         "fastest installed one that reproduces it at start-up: gigatoken, splintr, then riptoken, else "
                         "the reference library: tiktoken, tokenizers or sentencepiece)")
-    p.add_argument("--boundary", default="auto", choices=["auto", "bos", "eos", "both", "none"],
+    p.add_argument("--boundary", default="auto", choices=BOUNDARY_CHOICES,
                    help="control tokens around each document: the tokenizer's own (auto: Llama's <|begin_of_text|>, "
                         "Mistral's <s>, Gemma's <bos> first; Qwen's <|endoftext|> last; <|endoftext|> first for "
                         "tiktoken's encodings), its BOS first, EOS last, both, or none")
