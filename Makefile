@@ -116,3 +116,12 @@ bench: $(STAMP)
 
 clean:
 	rm -rf out data/demo .pytest_cache
+
+# The documentation site (mkdocs + Material, in the test extra): `make docs` builds it into out/site,
+# failing on any broken link or anchor; `make docs-serve` serves it at http://127.0.0.1:8000.
+.PHONY: docs docs-serve
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
