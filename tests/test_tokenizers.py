@@ -297,16 +297,7 @@ def default_runs(tmp_path_factory, corpus, tokenizer_files):
 
 
 # -- every tokenizer, default boundaries --------------------------------------------------------------
-IMPLEMENTATION_GAPS = {
-    "mistral-v3": "gigatoken's SentencePiece path differs from sentencepiece around v3's USER_DEFINED pieces "
-                  "[REFERENCE_DOC_0..19] (ids 751-770): '[REFERENCE_DOC_19]' is [29473, 751] ('▁' first), gigatoken "
-                  "gives [751]; 'a [REFERENCE_DOC_0] b' is [1032, 29473, 770, 1055], gigatoken adds a '▁' (29473) "
-                  "before 1055; the start-up check and spot checks do not hold these strings",
-}
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=IMPLEMENTATION_GAPS[c]))
-                                  if c in IMPLEMENTATION_GAPS else c for c in CASES])
+@pytest.mark.parametrize("case", list(CASES))
 def test_every_document_equals_the_reference(case, default_runs, corpus, judge, tokenizer_files):
     key, how, _ = CASES[case]
     ref = judge.refs[key]

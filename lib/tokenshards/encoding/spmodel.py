@@ -16,7 +16,7 @@ from .boundaries import Boundaries
 from .encoders import SourceFile
 from .library import LibraryTokenizer, flat_ids, read_file, sha256
 
-CONTROL, UNUSED = 3, 5
+CONTROL, USER_DEFINED, UNUSED = 3, 4, 5
 """``ModelProto.SentencePiece.Type`` values (sentencepiece_model.proto)."""
 
 
@@ -57,9 +57,17 @@ class SentencePieceTokenizer(LibraryTokenizer):
         return self._processor.id_to_piece(token)
 
     def special_strings(self) -> list[str]:
-        sp = self._processor
-        controls = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.is_control(i)][:256]
-        return [" ".join(controls[i:i + 64]) for i in range(0, len(controls), 64)] + [f"x{c}y" for c in controls[:32]]
+        """Control pieces (never made from text) and user-defined ones (always made from text, which
+        gigatoken 0.10 splits differently at a word's start: Mistral v3's ``[REFERENCE_DOC_0]``),
+        alone, glued to words and between spaces."""
+        from sentencepiece import sentencepiece_model_pb2
+
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(self.payload)
+        pieces = ([p.piece for p in model.pieces if p.type == USER_DEFINED][:256]
+                  + [p.piece for p in model.pieces if p.type == CONTROL][:256])
+        return ([" ".join(pieces[i:i + 64]) for i in range(0, len(pieces), 64)]
+                + [s for p in pieces[:64] for s in (p, f"x{p}y", f"a {p} b")])
 
     def reference(self):
         return SentencePieceReference(self._processor)

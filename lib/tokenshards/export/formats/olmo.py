@@ -90,7 +90,8 @@ class Olmo(Format):
             where = "at the start of each document" if plan.eot_position == "prefix" else "absent (--eot none)"
             notes.append(f"note: OLMo-core finds documents by a trailing eos in local arrays; this run's eot is {where}, "
                          "so its document boundaries (generate_doc_lengths, padded and VSL datasets) are exact only from "
-                         "the .csv.gz: pass use_array_if_local=False (remote paths read it anyway), or tokenize with --eot suffix")
+                         "the .csv.gz: pass use_array_if_local=False (remote paths read it anyway), or tokenize with --eot suffix "
+                         "(--boundary eos for tokenizers other than tiktoken's)")
         return notes
 
 
