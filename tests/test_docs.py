@@ -64,6 +64,9 @@ def _pages() -> list[str]:
 BLOCKS = [b for page in _pages() for b in _blocks(DOCS / page, page)]
 SHELL = [b for b in BLOCKS if b.lang == "sh"]
 RUN = [b for b in SHELL if b.not_run is None]
+# The README's examples are the docs' own (getting started runs them); here they are only parsed.
+README_SHELL = [Block(page=b.page, line=b.line, lang=b.lang, code=b.code, not_run="the README's: the docs run them")
+                for b in _blocks(ROOT / "README.md", "README.md") if b.lang == "sh"]
 
 
 def _commands(code: str) -> list[list[str]]:
@@ -121,7 +124,7 @@ def test_shell_example_runs(block, workdir):
     assert proc.returncode == 0, f"{block}:\n{block.code}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
-@pytest.mark.parametrize("block", [b for b in SHELL if b.not_run], ids=str)
+@pytest.mark.parametrize("block", [b for b in SHELL if b.not_run] + README_SHELL, ids=str)
 def test_shell_example_not_run_still_parses(block):
     parser = build_parser()
     for words in _commands(block.code):
@@ -143,3 +146,17 @@ def test_shell_example_not_run_still_parses(block):
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "python"], ids=str)
 def test_python_example_compiles(block):
     compile(block.code, str(block), "exec")
+
+
+def test_readme_links_point_at_pages_and_headings():
+    """The README links into docs/ as plain Markdown files: each file exists, each anchor is a heading of it."""
+    from markdown.extensions.toc import slugify
+
+    links = re.findall(r"\]\((docs/[^)#\s]+)(?:#([^)\s]+))?\)", (ROOT / "README.md").read_text())
+    assert links
+    for path, anchor in links:
+        page = ROOT / path
+        assert page.is_file(), path
+        if anchor:
+            headings = {slugify(h.strip("# ").strip(), "-") for h in page.read_text().splitlines() if h.startswith("#")}
+            assert anchor in headings, f"{path}#{anchor}"
