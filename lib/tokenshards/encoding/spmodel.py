@@ -7,6 +7,7 @@ makes it match none of them in text either; it is used only after it reproduces 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -73,9 +74,20 @@ class SentencePieceTokenizer(LibraryTokenizer):
         return SentencePieceReference(self._processor)
 
     def gigatoken(self):
+        """gigatoken, with the documents that hold a user-defined piece's string handed to
+        sentencepiece itself (gigatoken 0.10 splits those differently at a word's start)."""
         from .backends import GigatokenBackend
 
-        return GigatokenBackend(None, make=functools.partial(_gigatoken_without_controls, self.payload))
+        fast = GigatokenBackend(None, make=functools.partial(_gigatoken_without_controls, self.payload))
+        user_defined = self._user_defined()
+        return RoutedBackend(fast, self.reference(), user_defined) if user_defined else fast
+
+    def _user_defined(self) -> list[str]:
+        from sentencepiece import sentencepiece_model_pb2
+
+        model = sentencepiece_model_pb2.ModelProto()
+        model.ParseFromString(self.payload)
+        return [p.piece for p in model.pieces if p.type == USER_DEFINED]
 
 
 def _gigatoken_without_controls(payload: bytes):
@@ -88,6 +100,36 @@ def _gigatoken_without_controls(payload: bytes):
         if piece.type == CONTROL:
             piece.type = UNUSED
     return gigatoken.Tokenizer.from_sentencepiece(model.SerializeToString())
+
+
+class RoutedBackend:
+    """A fast backend for every text but those containing one of ``strings``, which go to the
+    reference: exact where the fast one differs only around those strings."""
+
+    def __init__(self, fast, reference, strings: list[str]):
+        self.fast, self.reference = fast, reference
+        self.name = fast.name
+        self.eot_token = None
+        self._pattern = re.compile("|".join(map(re.escape, sorted(strings, key=len, reverse=True))))
+
+    def encode_many(self, texts) -> tuple[np.ndarray, np.ndarray]:
+        texts = list(texts)
+        routed = [i for i, text in enumerate(texts) if self._pattern.search(text)]
+        if not routed:
+            return self.fast.encode_many(texts)
+        routed_set = set(routed)
+        plain = [i for i in range(len(texts)) if i not in routed_set]
+        flat, lengths = self.fast.encode_many([texts[i] for i in plain]) if plain else (np.zeros(0, np.uint32), [])
+        ends = np.cumsum(lengths).tolist()
+        pieces, all_lengths, k = [], np.empty(len(texts), dtype=np.int64), 0
+        for i, text in enumerate(texts):
+            if i in routed_set:
+                pieces.append(self.reference.encode_one(text))
+            else:
+                pieces.append(flat[ends[k] - lengths[k]:ends[k]])
+                k += 1
+            all_lengths[i] = len(pieces[-1])
+        return (np.concatenate(pieces) if pieces else np.zeros(0, np.uint32)), all_lengths
 
 
 class SentencePieceReference:
