@@ -17,6 +17,11 @@ How each store makes "take it only if nobody holds it" atomic:
   412 to ``FileExistsError`` / ``OSError``. We call botocore's ``put_object`` through
   ``fs.call_s3`` rather than s3fs's ``pipe_file(mode="create")`` because renewal needs
   ``If-Match`` too, and the ETag that comes back with each write.
+- Google Cloud Storage: the same with generations: an upload with ``ifGenerationMatch=0`` creates
+  the lease only when absent, ``ifGenerationMatch=<generation>`` renews or takes over only the
+  version read (GCS answers 412 otherwise, which gcsfs raises as ``FileExistsError``).
+- Azure Blob Storage: Put Blob with ``If-None-Match: *`` creates it, ``If-Match: <ETag>`` renews or
+  takes over (409 BlobAlreadyExists / 412 ConditionNotMet otherwise).
 - Other fsspec stores: check, then write (not atomic; said in the README).
 """
 from __future__ import annotations
@@ -36,7 +41,7 @@ import fsspec
 
 from ..cluster.machines import process_space
 from ..errors import UserError
-from .store import display_url, is_local, is_s3, join, temporary_beside, write_atomic
+from .store import display_url, gcs_upload, is_azure, is_gcs, is_local, is_s3, join, temporary_beside, write_atomic
 
 LEASE_FILE = ".tokenshards-lease.json"
 DEFAULT_TTL = 120.0
@@ -214,6 +219,107 @@ def _is_precondition(e: BaseException) -> bool:
     return code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412)
 
 
+class _GCSOps:
+    """Conditional uploads by generation, through gcsfs's own request function (its retries, its
+    credentials, its endpoint). The body is read at the generation its metadata named, so the
+    token always belongs to the bytes."""
+
+    def __init__(self, fs, path: str):
+        self.fs = fs
+        self.bucket, _, self.key = path.partition("/")
+
+    def read(self) -> tuple[bytes, str] | None:
+        for _ in range(5):
+            try:
+                meta = self.fs.call("GET", "b/{}/o/{}", self.bucket, self.key, fields="generation", json_out=True)
+                _, raw = self.fs.call("GET", "b/{}/o/{}", self.bucket, self.key, alt="media",
+                                      generation=meta["generation"])
+            except FileNotFoundError:
+                continue  # gone, or replaced between the two requests: look again
+            return raw, str(meta["generation"])
+        return None
+
+    def _upload(self, data: bytes, generation: str) -> str:
+        try:
+            reply = gcs_upload(self.fs, f"{self.bucket}/{self.key}", data, ifGenerationMatch=generation)
+        except (FileExistsError, FileNotFoundError) as e:  # 412: another version is there (404: the bucket)
+            if isinstance(e, FileNotFoundError) and generation == "0":
+                raise
+            raise _Conflict() from e
+        return str(reply["generation"])
+
+    def create(self, data: bytes) -> str:
+        # Looked for first as well: a store that ignores the precondition (an emulator) still sees a
+        # lease that is there; with GCS itself the 412 is what makes two racing creates safe.
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.call("GET", "b/{}/o/{}", self.bucket, self.key, fields="generation", json_out=True)
+            raise _Conflict()
+        return self._upload(data, "0")
+
+    def replace(self, data: bytes, token: str, *, mine: bool) -> str:
+        return self._upload(data, token)
+
+    def delete(self, token: str) -> None:
+        with contextlib.suppress(FileNotFoundError, FileExistsError):
+            self.fs.call("DELETE", "b/{}/o/{}", self.bucket, self.key, ifGenerationMatch=token)
+
+
+class _AzureOps:
+    """Conditional Put Blob and Delete Blob on the blob client of adlfs's service client; a GET
+    returns the body with its ETag, so the token always belongs to the bytes."""
+
+    def __init__(self, fs, path: str):
+        self.fs = fs
+        self.container, _, self.blob = path.partition("/")
+
+    def _call(self, operation):
+        async def run():
+            async with self.fs.service_client.get_blob_client(self.container, self.blob) as client:
+                return await operation(client)
+
+        return fsspec.asyn.sync(self.fs.loop, run)
+
+    def read(self) -> tuple[bytes, str] | None:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        async def download(client):
+            stream = await client.download_blob()
+            return await stream.readall(), stream.properties.etag
+
+        try:
+            return self._call(download)
+        except ResourceNotFoundError:
+            return None
+
+    def _put(self, data: bytes, **condition) -> str:
+        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+
+        try:
+            reply = self._call(lambda client: client.upload_blob(data, **condition))
+        except (ResourceExistsError, ResourceModifiedError) as e:
+            raise _Conflict() from e
+        except ResourceNotFoundError as e:
+            if condition.get("overwrite") is False:
+                raise  # the container is missing
+            raise _Conflict() from e
+        return reply["etag"]
+
+    def create(self, data: bytes) -> str:
+        return self._put(data, overwrite=False)  # If-None-Match: *
+
+    def replace(self, data: bytes, token: str, *, mine: bool) -> str:
+        from azure.core import MatchConditions
+
+        return self._put(data, overwrite=True, etag=token, match_condition=MatchConditions.IfNotModified)
+
+    def delete(self, token: str) -> None:
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+
+        with contextlib.suppress(ResourceNotFoundError, ResourceModifiedError):
+            self._call(lambda client: client.delete_blob(etag=token, match_condition=MatchConditions.IfNotModified))
+
+
 class _GenericOps:
     """Stores without conditional writes here: check, then write (a narrow race remains)."""
 
@@ -253,6 +359,10 @@ def _ops(fs, path: str):
         return _LocalOps(path)
     if is_s3(fs):
         return _S3Ops(fs, path)
+    if is_gcs(fs):
+        return _GCSOps(fs, path)
+    if is_azure(fs):
+        return _AzureOps(fs, path)
     return _GenericOps(fs, path)
 
 
@@ -295,6 +405,10 @@ class Lease:
                 continue  # released meanwhile
             raw, token = current
             held = LeaseRecord.from_bytes(raw)
+            if held is not None and held.run == self.record.run:
+                # Our own create, retried after a reply that was lost (a timeout, a 503): it is ours.
+                self.token = token
+                return
             now = self.clock()
             if held is not None and not held.is_stale(now, space=self.space):
                 raise LeaseHeld(

@@ -1,4 +1,4 @@
-"""Storage edge: one fsspec code path for local folders and s3:// (and anything fsspec opens).
+"""Storage edge: one fsspec code path for local folders, s3://, gs:// and az:// (and anything fsspec opens).
 
 Writes are atomic: a reader sees a whole object or none.
 - Locally: a temporary name in the same folder, then ``os.replace`` (as tiktoken's cache does).
@@ -8,7 +8,19 @@ Writes are atomic: a reader sees a whole object or none.
   killed mid-upload leaves an incomplete multipart upload, which no listing or reader sees.
   (A plain ``with fs.open(...)`` would not do: s3fs commits on ``close()`` even while an
   exception unwinds, publishing a truncated object.)
-- Elsewhere (gcs, azure, ...): the same ``autocommit=False`` file, committed only on success.
+- On Google Cloud Storage, small objects go in one media upload (the body is the object), stored whole
+  or not at all; large ones in a resumable upload whose chunks say "total unknown" until
+  ``commit()`` sends the last one with the total: only that request creates the object. A process
+  killed before it leaves an unfinished session, never an object (GCS drops it after a week).
+- On Azure Blob Storage, small objects go in one Put Blob; large ones are staged as blocks and
+  appear only when the block list is committed (adlfs does that in ``close()``, after the last
+  ``write``): a process killed before it leaves uncommitted blocks, which no listing or reader
+  sees and Azure discards after a week (or when the name is written again).
+- Elsewhere: the same ``autocommit=False`` file, committed only on success.
+
+Storage options are one mapping for every URL of a run: s3fs's keys go to S3, and the sections
+``gcs`` and ``azure`` (JSON objects) go to gcsfs and adlfs only, over the plain keys that are not
+s3fs's own (so an S3 input and a GCS output can be given in one command).
 
 Every process builds its own filesystem objects from (URL, storage options): the options travel
 in the task graph, never an ``S3FileSystem`` (its event loop and connections belong to one
@@ -53,8 +65,15 @@ class StorageOptions(dict):
         return (StorageOptions, (dict(self),))
 
 
-MAPPING_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs")
-"""s3fs options whose value is itself a mapping (on the command line: a JSON object)."""
+GCS_PROTOCOLS = ("gs", "gcs")
+AZURE_PROTOCOLS = ("az", "abfs", "abfss")
+SECTIONS = {"gcs": GCS_PROTOCOLS, "azure": AZURE_PROTOCOLS}
+"""Storage options meant for one store only: ``{"gcs": {...}, "azure": {...}}``."""
+S3_ONLY_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs", "key", "secret")
+"""s3fs's options that mean something else (or nothing) to gcsfs and adlfs: kept from them."""
+
+MAPPING_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs", *SECTIONS)
+"""Options whose value is itself a mapping (on the command line: a JSON object)."""
 
 
 def storage_options(options: dict | None) -> StorageOptions:
@@ -76,8 +95,20 @@ def storage_options(options: dict | None) -> StorageOptions:
 def with_env_endpoint(options: dict, environ) -> StorageOptions:
     """``options`` plus the endpoint named by ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (botocore's
     precedence) unless the options name one. Read once on the client and shipped with the
-    options, so workers on other machines reach the same S3-compatible store (MinIO, R2, Ceph)."""
+    options, so workers on other machines reach the same S3-compatible store (MinIO, R2, Ceph).
+
+    Likewise ``STORAGE_EMULATOR_HOST`` (the Google clients' name for a GCS emulator) becomes the
+    ``gcs`` section's ``endpoint_url``, anonymous unless a token is given, as the Google clients
+    treat it. Azure needs nothing here: its endpoint is part of the connection string or account,
+    which adlfs reads on each machine (``AZURE_STORAGE_CONNECTION_STRING``, ``..._ACCOUNT_NAME``)."""
     options = storage_options(options)
+    emulator = environ.get("STORAGE_EMULATOR_HOST")
+    gcs = dict(options.get("gcs") or {})
+    if emulator and emulator != "default" and not gcs.get("endpoint_url"):
+        gcs["endpoint_url"] = emulator if emulator.startswith(("http://", "https://")) else f"http://{emulator}"
+        if "token" not in gcs and "token" not in options:
+            gcs["token"] = "anon"
+        options = storage_options({**options, "gcs": gcs})
     endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
     if not endpoint or options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url"):
         return options
@@ -90,10 +121,17 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.Ab
     Cached listings are dropped: other processes (workers, an earlier run) write behind this
     instance's back, and resume must see what is really there.
     """
+    protocol = fsspec.core.split_protocol(url)[0] or "file"
+    options = options_for(protocol, storage_options)
     try:
-        fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+        if protocol in GCS_PROTOCOLS or protocol in AZURE_PROTOCOLS:
+            fs, path = _cloud_filesystem(url, protocol, options)
+        else:
+            fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:
-        raise UserError(f"cannot open {url!r}: {e}; install the package it names") from e
+        extra = "gcs" if protocol in GCS_PROTOCOLS else "azure" if protocol in AZURE_PROTOCOLS else None
+        hint = f"pip install 'tokenshards[{extra}]'" if extra else "install the package it names"
+        raise UserError(f"cannot open {url!r}: {_one_line(e)}; {hint}") from e
     except (ValueError, TypeError) as e:
         # TypeError: an option the filesystem does not take (the message names the key, not values).
         raise UserError(f"cannot open {url!r}: {_one_line(e)}; check the URL and --storage-option keys") from e
@@ -101,6 +139,101 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.Ab
         _connect(fs, url)
     fs.invalidate_cache()
     return fs, path
+
+
+def options_for(protocol: str, options: dict | None) -> dict:
+    """The options ``protocol``'s filesystem is built with: without the other stores' sections,
+    and for GCS and Azure without s3fs's own keys, their own section laid over the rest."""
+    options = dict(options or {})
+    sections = {name: options.pop(name, None) or {} for name in SECTIONS}
+    for name, protocols in SECTIONS.items():
+        if protocol in protocols:
+            options = {k: v for k, v in options.items() if k not in S3_ONLY_OPTIONS}
+            options.update(sections[name])
+    return options
+
+
+def _cloud_filesystem(url: str, protocol: str, options: dict):
+    """gcsfs and adlfs load credentials when built (a service-account file, a connection string):
+    what they raise for a broken one (KeyError, ValueError, google.auth's errors) is one line."""
+    gcs = protocol in GCS_PROTOCOLS
+    try:
+        return _gcs_filesystem(url, options) if gcs else _azure_filesystem(url, options)
+    except (ImportError, UserError):
+        raise
+    except Exception as e:
+        where = ("GOOGLE_APPLICATION_CREDENTIALS or --storage-option gcs='{\"token\": ...}'" if gcs else
+                 "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT_NAME/..._KEY or --storage-option azure='{...}'")
+        raise UserError(f"cannot open {url!r}: its credentials could not be loaded ({type(e).__name__}: {_one_line(e)}); "
+                        f"check {where} and the --storage-option keys") from e
+
+
+def _gcs_filesystem(url: str, options: dict):
+    """gcsfs's own class when an endpoint is named (an emulator, a private endpoint): the class
+    gcsfs registers by default first asks a gRPC control API for each bucket's type, which only
+    Google's endpoint answers (elsewhere it waits 60 s per bucket, then falls back to this one)."""
+    if options.get("endpoint_url"):
+        from gcsfs.core import GCSFileSystem
+
+        fs = GCSFileSystem(**options)
+        return fs, fs._strip_protocol(url)
+    return fsspec.core.url_to_fs(url, **options)
+
+
+AZURE_RETRY = {"initial_backoff": 0.5, "increment_base": 2, "retry_total": 6, "random_jitter_range": 0.5}
+"""Azure's SDK waits 15 s before its first retry (then 18, 24): its defaults. Ours wait ~2.5, 4.5,
+8.5, 16.5, 32.5, 64.5 s (as botocore's and gcsfs's backoffs grow), so a brief throttle costs
+seconds. The SDK retries 500, 503 (Azure Storage's "server busy", how it throttles), 408 and
+connection errors; ``_RetryThrottled`` adds 429."""
+
+
+def _azure_filesystem(url: str, options: dict):
+    fs = _azure_class()(**options)
+    return fs, fs._strip_protocol(url)
+
+
+_AZURE_CLASS: list = []
+
+
+def _azure_class():
+    """adlfs's filesystem with our retry policy on its service client (every file it opens uses
+    that client). One class for the process, so fsspec's instance cache finds a filesystem again."""
+    if not _AZURE_CLASS:
+        from adlfs import AzureBlobFileSystem
+
+        class TokenshardsAzureBlobFileSystem(AzureBlobFileSystem):
+            def do_connect(self):
+                super().do_connect()
+                self.service_client = _with_retries(self.service_client)
+
+        _AZURE_CLASS.append(TokenshardsAzureBlobFileSystem)
+    return _AZURE_CLASS[0]
+
+
+def _with_retries(client):
+    """The same service client (account URL, credential) with ``AZURE_RETRY``, 429 included."""
+    import asyncio
+
+    from azure.storage.blob.aio import BlobServiceClient, ExponentialRetry
+
+    class RetryThrottled(ExponentialRetry):
+        """The SDK treats every 4xx as final, 429 too (a proxy or gateway in front of an account
+        may send it): retried here around the SDK's own loop, after Retry-After when given."""
+
+        async def send(self, request):
+            for attempt in range(AZURE_RETRY["retry_total"] + 1):
+                response = await super().send(request)
+                if response.http_response.status_code != 429 or attempt == AZURE_RETRY["retry_total"]:
+                    return response
+                after = response.http_response.headers.get("Retry-After", "")
+                await asyncio.sleep(float(after) if after.isdigit() else AZURE_RETRY["initial_backoff"] * 2 ** (attempt + 1))
+            return response
+
+    return BlobServiceClient(account_url=client.url, credential=client.credential, user_agent=USER_AGENT,
+                             retry_policy=RetryThrottled(**AZURE_RETRY))
+
+
+USER_AGENT = "tokenshards"
 
 
 def _connect(fs: fsspec.AbstractFileSystem, url: str) -> None:
@@ -120,6 +253,19 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
 
 def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
     return "s3" in _protocols(fs)
+
+
+def is_gcs(fs: fsspec.AbstractFileSystem) -> bool:
+    return any(p in GCS_PROTOCOLS for p in _protocols(fs))
+
+
+def is_azure(fs: fsspec.AbstractFileSystem) -> bool:
+    return any(p in AZURE_PROTOCOLS for p in _protocols(fs))
+
+
+def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
+    """S3, GCS or Azure: the stores whose single small writes are atomic and whose large ones we commit."""
+    return is_s3(fs) or is_gcs(fs) or is_azure(fs)
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
@@ -237,8 +383,10 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that no reader ever sees a partial object."""
     if is_local(fs):
         _write_local(path, data)
-    elif is_s3(fs) and len(data) < MULTIPART_THRESHOLD:
-        fs.pipe_file(path, data)  # one PutObject: stored whole or not at all
+    elif is_gcs(fs) and 0 < len(data) < MULTIPART_THRESHOLD:
+        gcs_upload(fs, path, data)
+    elif is_object_store(fs) and len(data) < MULTIPART_THRESHOLD:
+        fs.pipe_file(path, data)  # one PutObject / Put Blob: stored whole or not at all
     else:
         _write_deferred(fs, path, data)
 
@@ -467,7 +615,7 @@ def _write_deferred(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> No
         f.commit()
     except BaseException:
         with contextlib.suppress(Exception):  # keep the original error; an unaborted upload stays invisible
-            f.discard()
+            _cancel_gcs_upload(fs, f) if is_gcs(fs) else f.discard()
         f.closed = True  # discarded: closing it later (``__del__``) must not try to upload again
         raise
     finally:
@@ -477,10 +625,41 @@ def _write_deferred(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> No
             fs.transaction.files.remove(f)
 
 
+def gcs_upload(fs, path: str, data: bytes, **condition) -> dict:
+    """One media upload (the body is the object, complete before the request starts: GCS stores
+    all of it or nothing); ``condition``: ``ifGenerationMatch=...``. Returns the object's resource.
+    Not gcsfs's ``pipe_file``: its multipart/related body is parsed lossily by some emulators
+    (gcp-storage-emulator's email parser drops a trailing CR or LF of binary data)."""
+    bucket, key, _ = fs.split_path(path)
+    # ``_location``: the endpoint gcsfs itself uploads to (Google's, an emulator's, a private one).
+    reply = fs.call("POST", f"{fs._location}/upload/storage/v1/b/{{}}/o", bucket, uploadType="media", name=key,
+                    data=data, headers={"Content-Type": "application/octet-stream"}, json_out=True, **condition)
+    fs.invalidate_cache(path)
+    return reply
+
+
+def _cancel_gcs_upload(fs, f) -> None:
+    """Cancel a resumable session with one request (gcsfs's ``discard`` retries a refusal for ~30 s,
+    and an emulator may not implement the DELETE): a session left open is invisible and expires."""
+    location = getattr(f, "location", None)
+    if not location:
+        return
+
+    async def cancel():
+        session = await fs._set_session()
+        async with session.delete(location.replace("&ifGenerationMatch=0", ""), headers=fs._get_headers(None)):
+            pass
+
+    fsspec.asyn.sync(fs.loop, cancel, timeout=10)
+    f.location = None
+
+
 def abort_stale_uploads(fs: fsspec.AbstractFileSystem, prefix: str) -> int:
     """S3 only: abort the unfinished multipart uploads under ``prefix`` (workers killed mid-upload).
 
-    They were never visible, but S3 bills their parts until aborted. Call it only when no other
+    They were never visible, but S3 bills their parts until aborted. GCS and Azure have nothing
+    to abort by prefix: an unfinished resumable session expires, uncommitted blocks are dropped when
+    the rerun writes the name again (or after a week), and neither is listed. Call it only when no other
     writer is active under ``prefix`` (the rerun of the same job, as for local temporaries).
     """
     if not is_s3(fs):
@@ -507,47 +686,112 @@ def read_json(fs: fsspec.AbstractFileSystem, path: str):
 
 
 def check_bucket(fs: fsspec.AbstractFileSystem, path: str, url: str, *, what: str) -> None:
-    """S3 only: fail now, in one line naming ``url``, if the bucket is missing, the endpoint does
-    not answer or no credentials are found. A 403 here is not final (a role may read a prefix
-    without the bucket-level ListBucket right): the listing or write that follows reports it."""
-    if not is_s3(fs):
+    """Object stores: fail now, in one line naming ``url``, if the bucket (container) is missing,
+    the endpoint does not answer or the credentials are refused. A 403 here is not final (a role
+    may read a prefix without the bucket-level right): the listing or write that follows reports it."""
+    if not is_object_store(fs):
         return
     bucket = path.split("/", 1)[0]
+    kind = "container" if is_azure(fs) else "bucket"
     try:
-        fs.call_s3("head_bucket", Bucket=bucket)
-    except PermissionError:
-        return
-    except FileNotFoundError as e:
-        raise UserError(f"{what} {url}: bucket {bucket!r} does not exist at {_endpoint(fs) or 'the endpoint'}; "
-                        "create it first or fix the URL") from e
+        if is_s3(fs):
+            fs.call_s3("head_bucket", Bucket=bucket)
+        elif is_gcs(fs):
+            fs.call("GET", "b/{}", bucket, fields="name", json_out=True)
+        else:
+            _azure_container_properties(fs, bucket)
     except Exception as e:
+        if _is_denied(e) and not _is_auth_failure(e):
+            return
+        if isinstance(e, FileNotFoundError) or type(e).__name__ == "ResourceNotFoundError":
+            raise UserError(f"{what} {url}: {kind} {bucket!r} does not exist at {_endpoint(fs) or 'the endpoint'}; "
+                            "create it first or fix the URL") from e
         raise storage_error(e, url, what=what, fs=fs) from e
+
+
+def _azure_container_properties(fs, container: str) -> None:
+    async def properties():
+        async with fs.service_client.get_container_client(container) as client:
+            await client.get_container_properties()
+
+    fsspec.asyn.sync(fs.loop, properties)
+
+
+def _is_denied(e: BaseException) -> bool:
+    """403 on any store: S3 and Azure (through adlfs) raise PermissionError, gcsfs an OSError
+    "Forbidden", azure-core a ClientAuthenticationError or an HttpResponseError with its status."""
+    return (isinstance(e, PermissionError) or str(e).startswith("Forbidden")
+            or getattr(e, "status_code", None) in (401, 403) or getattr(e, "code", None) in (401, 403, "401", "403")
+            or type(e).__name__ == "ClientAuthenticationError")
+
+
+def _is_auth_failure(e: BaseException) -> bool:
+    """The credentials themselves were refused (a wrong key or token), not a missing right."""
+    code = str(getattr(e, "error_code", "") or "")
+    return (code in ("AuthenticationFailed", "InvalidAuthenticationInfo") or "failed to authenticate" in str(e)
+            or getattr(e, "code", None) in (401, "401") or getattr(e, "status_code", None) == 401)
 
 
 def storage_error(e: BaseException, url: str, *, what: str, fs: fsspec.AbstractFileSystem | None = None) -> UserError:
     """A one-line ``UserError`` for a storage failure on ``url``, saying what to check."""
     name = type(e).__name__
-    if isinstance(e, PermissionError):
+    cloud = "gcs" if fs is not None and is_gcs(fs) else "azure" if fs is not None and is_azure(fs) else "s3"
+    if cloud != "s3" and _is_denied(e):
+        hint = _CLOUD_DENIED[cloud][_is_auth_failure(e)]
+    elif isinstance(e, PermissionError):
         hint = "access denied; check the credentials in use (AWS_PROFILE, AWS_ACCESS_KEY_ID, instance role) and the bucket policy"
     elif isinstance(e, FileNotFoundError):
         hint = "not found"
     elif name == "NoCredentialsError":
         hint = ("no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, "
                 "or pass --storage-option anon=true for a public bucket")
-    elif name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionError", "ClientConnectorError") \
-            or isinstance(e, (ConnectionError, TimeoutError)):
-        hint = ("cannot reach the storage endpoint; check AWS_ENDPOINT_URL or --storage-option endpoint_url=..., "
-                "and the network")
+    elif name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionError", "ClientConnectorError",
+                  "ServiceRequestError", "ClientConnectorDNSError") or isinstance(e, (ConnectionError, TimeoutError)):
+        hint = ("cannot reach the storage endpoint; check " + _CLOUD_ENDPOINT[cloud] + ", and the network")
     else:
         hint = "check the URL, the credentials and the endpoint"
     endpoint = _endpoint(fs)
-    return UserError(f"{what} {url}: {hint} ({name}: {_one_line(e)}{f'; endpoint {endpoint}' if endpoint else ''})")
+    return UserError(f"{what} {url}: {hint} ({name}: {_detail(e)}{f'; endpoint {endpoint}' if endpoint else ''})")
+
+
+def _detail(e: BaseException) -> str:
+    """The error's own words, short: azure-core's errors carry the whole XML reply after the message."""
+    code = getattr(e, "error_code", None)
+    if code and hasattr(e, "reason"):
+        return f"{_one_line(Exception(str(e).splitlines()[0]))} (ErrorCode {code})"
+    return _one_line(e)
+
+
+_CLOUD_DENIED = {
+    "gcs": ("access denied; check that the credentials in use (GOOGLE_APPLICATION_CREDENTIALS, "
+            "gcloud auth application-default login, the VM's service account, --storage-option token=...) "
+            "have the storage.objects.* permissions on the bucket",
+            "the credentials were refused or none were found (the request went anonymous); check "
+            "GOOGLE_APPLICATION_CREDENTIALS, gcloud auth application-default login or --storage-option token=..."),
+    "azure": ("access denied; check that the credentials in use (AZURE_STORAGE_CONNECTION_STRING, "
+              "AZURE_STORAGE_ACCOUNT_NAME/..._KEY, a SAS token, an Azure AD identity) may read and write blobs "
+              "in the container",
+              "the credentials were refused; check AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME "
+              "and AZURE_STORAGE_ACCOUNT_KEY (or --storage-option azure='{...}')"),
+}
+_CLOUD_ENDPOINT = {
+    "s3": "AWS_ENDPOINT_URL or --storage-option endpoint_url=...",
+    "gcs": "STORAGE_EMULATOR_HOST or --storage-option gcs='{\"endpoint_url\": ...}'",
+    "azure": "the account name or the connection string's BlobEndpoint",
+}
 
 
 def _endpoint(fs: fsspec.AbstractFileSystem | None) -> str | None:
-    """The endpoint an S3 filesystem's client talks to, wherever it came from (--storage-option,
-    AWS_ENDPOINT_URL or AWS's default): the first thing to check when it is the wrong one."""
-    client = getattr(fs, "s3", None) if fs is not None else None
+    """The endpoint a filesystem's client talks to, wherever it came from (--storage-option, the
+    environment or the cloud's default): the first thing to check when it is the wrong one."""
+    if fs is None:
+        return None
+    if is_gcs(fs):
+        return getattr(fs, "_location", None)
+    if is_azure(fs):
+        url = getattr(getattr(fs, "service_client", None), "primary_endpoint", None)
+        return url.split("?", 1)[0].rstrip("/") if url else None  # never a SAS token
+    client = getattr(fs, "s3", None)
     return getattr(getattr(client, "meta", None), "endpoint_url", None)
 
 

@@ -1,0 +1,94 @@
+"""A real GCS JSON API for tests: gcp-storage-emulator (PyPI) in a subprocess on 127.0.0.1, with a
+``FaultProxy`` in front, used through gcsfs as a user would.
+
+    gcs.endpoint_url       the proxy's URL (what clients use; ``gcs.direct_url`` is the emulator's)
+    gcs.proxy              the FaultProxy: inject 429/503/401/412, hold an upload mid-way, see requests
+    gcs.storage_options    what a user would pass (the ``gcs`` section: endpoint, anonymous token)
+    gcs.env()              environment for a subprocess (STORAGE_EMULATOR_HOST, nothing from ~/.config/gcloud)
+    gcs.fs()               a fresh gcsfs filesystem on it
+    gcs.make_bucket()      a new empty bucket; returns its name
+
+What the emulator does not do (checked in its source, 2026.7.19): it never reads
+``ifGenerationMatch`` (conditional writes are not enforced), never checks credentials, and does
+not route DELETE of a resumable session. The proxy stands in where a test needs those answers.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from faultproxy import FaultProxy
+from s3server import free_port
+
+
+@dataclass
+class GCSServer:
+    direct_url: str
+    proxy: FaultProxy
+
+    @property
+    def endpoint_url(self) -> str:
+        return self.proxy.url
+
+    @property
+    def storage_options(self) -> dict:
+        return {"gcs": {"endpoint_url": self.endpoint_url, "token": "anon"}}
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("GOOGLE_", "GCSFS_", "STORAGE_EMULATOR", "CLOUDSDK_"))}
+        env.update(STORAGE_EMULATOR_HOST=self.endpoint_url, CLOUDSDK_CONFIG=os.devnull, NO_GCE_CHECK="true")
+        env.update(extra)
+        return env
+
+    def fs(self):
+        from gcsfs.core import GCSFileSystem
+
+        return GCSFileSystem(endpoint_url=self.direct_url, token="anon", skip_instance_cache=True,
+                             use_listings_cache=False)
+
+    def make_bucket(self, name: str | None = None) -> str:
+        name = name or f"bucket-{uuid.uuid4().hex[:12]}"
+        self.fs().mkdir(name)
+        return name
+
+
+def start_emulator(timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "-H", "127.0.0.1", "--port", str(port),
+                             "--in-memory", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/", timeout=1).close()
+            return proc, url
+        except (urllib.error.URLError, ConnectionError, OSError):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"gcp-storage-emulator did not start on {url} (exit code {proc.poll()})")
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def gcs():
+    pytest.importorskip("gcsfs", reason="the gcs extra is not installed (make install)")
+    proc, url = start_emulator()
+    proxy = FaultProxy("127.0.0.1", int(url.rsplit(":", 1)[1])).start()
+    try:
+        yield GCSServer(direct_url=url, proxy=proxy)
+    finally:
+        proxy.stop()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
