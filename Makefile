@@ -39,7 +39,7 @@ $(BIN)/python:
 # Reinstalls only when pyproject.toml changed since the last install.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[fast,llama,test]'
+	$(BIN)/python -m pip install --quiet -e '.[fast,llama,test,gcs,azure]'
 	$(BIN)/python -m pip check
 	touch $(STAMP)
 

@@ -69,6 +69,7 @@ GCS_PROTOCOLS = ("gs", "gcs")
 AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 SECTIONS = {"gcs": GCS_PROTOCOLS, "azure": AZURE_PROTOCOLS}
 """Storage options meant for one store only: ``{"gcs": {...}, "azure": {...}}``."""
+AZURE_CREDENTIAL_OPTIONS = ("connection_string", "account_name", "account_key", "sas_token", "credential", "anon")
 S3_ONLY_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs", "key", "secret")
 """s3fs's options that mean something else (or nothing) to gcsfs and adlfs: kept from them."""
 
@@ -99,16 +100,35 @@ def with_env_endpoint(options: dict, environ) -> StorageOptions:
 
     Likewise ``STORAGE_EMULATOR_HOST`` (the Google clients' name for a GCS emulator) becomes the
     ``gcs`` section's ``endpoint_url``, anonymous unless a token is given, as the Google clients
-    treat it. Azure needs nothing here: its endpoint is part of the connection string or account,
-    which adlfs reads on each machine (``AZURE_STORAGE_CONNECTION_STRING``, ``..._ACCOUNT_NAME``)."""
+    treat it, and ``GOOGLE_APPLICATION_CREDENTIALS`` its ``token`` (so a broken file is an error, not
+    gcsfs's silent fall back to anonymous; each worker needs the file at that path).
+
+    Azure's credentials from the environment (``AZURE_STORAGE_CONNECTION_STRING``, or
+    ``AZURE_STORAGE_ACCOUNT_NAME`` with ``..._ACCOUNT_KEY`` or ``..._SAS_TOKEN``) go in the ``azure``
+    section unless it names some: they travel to the workers inside the wrapped options, never printed.
+    (An account name alone, as for an Azure AD identity, is shipped without a secret.)"""
     options = storage_options(options)
     emulator = environ.get("STORAGE_EMULATOR_HOST")
     gcs = dict(options.get("gcs") or {})
     if emulator and emulator != "default" and not gcs.get("endpoint_url"):
         gcs["endpoint_url"] = emulator if emulator.startswith(("http://", "https://")) else f"http://{emulator}"
-        if "token" not in gcs and "token" not in options:
+        if "token" not in gcs and "token" not in options and not environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
             gcs["token"] = "anon"
+    if environ.get("GOOGLE_APPLICATION_CREDENTIALS") and "token" not in gcs and "token" not in options:
+        gcs["token"] = environ["GOOGLE_APPLICATION_CREDENTIALS"]
+    if gcs != (options.get("gcs") or {}):
         options = storage_options({**options, "gcs": gcs})
+    azure = dict(options.get("azure") or {})
+    if not any(k in azure or k in options for k in AZURE_CREDENTIAL_OPTIONS):
+        if environ.get("AZURE_STORAGE_CONNECTION_STRING"):
+            azure["connection_string"] = environ["AZURE_STORAGE_CONNECTION_STRING"]
+        elif environ.get("AZURE_STORAGE_ACCOUNT_NAME"):
+            azure["account_name"] = environ["AZURE_STORAGE_ACCOUNT_NAME"]
+            for key, name in (("account_key", "AZURE_STORAGE_ACCOUNT_KEY"), ("sas_token", "AZURE_STORAGE_SAS_TOKEN")):
+                if environ.get(name):
+                    azure[key] = environ[name]
+        if azure:
+            options = storage_options({**options, "azure": azure})
     endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
     if not endpoint or options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url"):
         return options
@@ -385,8 +405,11 @@ def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
         _write_local(path, data)
     elif is_gcs(fs) and 0 < len(data) < MULTIPART_THRESHOLD:
         gcs_upload(fs, path, data)
+    elif is_azure(fs) and len(data) < MULTIPART_THRESHOLD:
+        # One Put Blob. Azure's SDK reads a memoryview (the tokens' buffer) as a stream of ints: bytes.
+        fs.pipe_file(path, data if isinstance(data, bytes) else bytes(data))
     elif is_object_store(fs) and len(data) < MULTIPART_THRESHOLD:
-        fs.pipe_file(path, data)  # one PutObject / Put Blob: stored whole or not at all
+        fs.pipe_file(path, data)  # one PutObject: stored whole or not at all
     else:
         _write_deferred(fs, path, data)
 
