@@ -64,7 +64,9 @@ def _add_cluster_arguments(p, *, job: str) -> None:
     p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
     p.add_argument("--cluster", metavar="CONFIG.yaml",
                    help="cluster config: cluster_configs/{local,scheduler,slurm,kubernetes,ssh}.yaml or your own")
-    p.add_argument("--dashboard-address", default=":8787", help="LocalCluster dashboard address (default :8787)")
+    p.add_argument("--dashboard-address", default="127.0.0.1:8787",
+                   help="LocalCluster dashboard address (default 127.0.0.1:8787, this machine only; :PORT is loopback "
+                        "too; 0.0.0.0:8787 opens it to the network, where anyone can see the task stream)")
     p.add_argument("--progress", default="auto", choices=["auto", "bar", "log", "none"],
                    help="a live line on a terminal (bar), a line every 10%% (log), or none (default auto: bar on a terminal)")
 

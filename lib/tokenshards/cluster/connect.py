@@ -278,8 +278,16 @@ def starts_local_cluster(*, scheduler: str | None, cluster_config: str | None, w
     return cluster_config is None or load_cluster_config(cluster_config, workers=workers).kind == "local"
 
 
+def loopback_unless_named(address: str) -> str:
+    """``:PORT`` → ``127.0.0.1:PORT``: distributed binds a host-less dashboard to every interface,
+    while the link it prints says 127.0.0.1; on a shared machine anyone on the network would see the
+    task stream. Naming a host (``0.0.0.0:8787``) opens it on purpose."""
+    text = str(address)
+    return f"127.0.0.1{text}" if text.startswith(":") else text
+
+
 @contextlib.contextmanager
-def connect(*, workers: int | None = None, scheduler: str | None = None, dashboard_address: str = ":8787",
+def connect(*, workers: int | None = None, scheduler: str | None = None, dashboard_address: str = "127.0.0.1:8787",
             announce: Callable[[str], None] = print, cluster_config: str | None = None) -> Iterator[Client]:
     """A client on an existing scheduler, on the cluster a config file describes, or on a fresh
     LocalCluster (one thread per process worker: tiktoken holds the GIL on ``encode_ordinary``,
@@ -306,7 +314,7 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
             with interrupt.children_ignore_ctrl_c(), gc_paused():  # bokeh's dashboard, mostly: prestart.gc_paused
                 cluster = LocalCluster(n_workers=n, threads_per_worker=s.get("threads_per_worker", 1), processes=True,
                                        memory_limit=s.get("memory_limit", "auto"),
-                                       dashboard_address=s.get("dashboard_address", dashboard_address),
+                                       dashboard_address=loopback_unless_named(s.get("dashboard_address", dashboard_address)),
                                        silence_logs=logging.CRITICAL)
             # Its workers are on this machine: results come straight from them, not relayed by
             # the scheduler (which, in this process, would serialize each result once more).

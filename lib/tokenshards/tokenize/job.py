@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -88,6 +90,7 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
     """Run the whole job, every output of ``config.outputs`` from one read of each partition;
     returns a summary per output. Raises ``UserError`` for anything the user can fix."""
     t0 = time.perf_counter()
+    refuse_out_among_inputs(config)
     sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     places = []
     for output in config.outputs:
@@ -136,6 +139,57 @@ class _Output:
     def parts_job(self) -> str:
         """The job its done records carry: a growth keeps the first run's."""
         return self.growth.parts_job if self.growth is not None else self.job
+
+
+def refuse_out_among_inputs(config: TokenizeConfig) -> None:
+    """An --out whose part files an --input would read (a folder holding it, a glob matching its
+    ``parts/*.docs.parquet``): the next run would take them for corpus files. Refused in one line."""
+    for output in config.outputs:
+        out = _place(output.out)
+        part = f"{out}/parts/part-00000.docs.parquet"
+        for spec in config.inputs:
+            where = _place(spec)
+            if glob.has_magic(where):
+                if re.fullmatch(_glob_regex(where), part):
+                    raise UserError(f"--input {spec} would read the part files of --out {output.out} "
+                                    f"({part.rsplit('/', 3)[-2]}/...docs.parquet) as corpus files: choose an --out "
+                                    "the input glob does not reach")
+            elif out == where or out.startswith(where.rstrip("/") + "/"):
+                raise UserError(f"--out {output.out} is inside --input {spec}: the next run would read its part files "
+                                "as corpus files; choose an --out outside the input folder")
+
+
+def _place(url: str) -> str:
+    """A local path made absolute, a URL as written: what two places are compared as."""
+    local = url.removeprefix("file://")
+    return local.rstrip("/") if "://" in local else os.path.abspath(os.path.expanduser(local))
+
+
+def _glob_regex(pattern: str) -> str:
+    """fsspec's glob semantics as a regex: ``**`` crosses folders, ``*`` and ``?`` do not."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[":
+            end = pattern.find("]", i + 1)
+            if end < 0:
+                out.append(re.escape(pattern[i]))
+                i += 1
+            else:
+                out.append("[" + pattern[i + 1:end].replace("!", "^", 1) + "]")
+                i = end + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
 
 
 def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0: float,

@@ -1,0 +1,80 @@
+"""Everyday mistakes of issue 45 that tokenize itself refuses, and the dashboard kept to this machine."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import write_parquet
+from tokenshards.cluster.connect import loopback_unless_named
+from tokenshards.errors import UserError
+from tokenshards.tokenize.config import TokenizeConfig
+from tokenshards.tokenize.job import refuse_out_among_inputs
+
+TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
+
+
+@pytest.mark.parametrize("inputs,out,refused", [
+    (("data",), "data/out", "is inside --input data"),
+    (("data/",), "data", "is inside --input data/"),
+    (("data/**",), "data/o", "would read the part files of --out data/o"),
+    (("data/**/*.parquet",), "data/deep/o", "would read the part files"),
+    (("data/*/*/*.parquet",), "data/o", "would read the part files"),
+    (("data/*.parquet",), "data/o", None),  # the glob's * never reaches data/o/parts/
+    (("data",), "elsewhere/out", None),
+    (("data",), "data-out", None),  # a sibling whose name starts like the input's
+    (("s3://bucket/corpus",), "s3://bucket/corpus/run", "is inside --input s3://bucket/corpus"),
+    (("s3://bucket/corpus",), "s3://bucket/corpus-run", None),
+])
+def test_out_the_inputs_would_read_is_refused(tmp_path, monkeypatch, inputs, out, refused):
+    monkeypatch.chdir(tmp_path)
+    config = TokenizeConfig(inputs=inputs, out=out)
+    if refused is None:
+        refuse_out_among_inputs(config)
+    else:
+        with pytest.raises(UserError, match=refused.replace("*", r"\*")):
+            refuse_out_among_inputs(config)
+
+
+def test_out_inside_input_through_the_cli(tmp_path):
+    write_parquet(tmp_path / "data" / "a.parquet", {"text": ["one document"]})
+    proc = subprocess.run([TOKENSHARDS, "tokenize", "--input", str(tmp_path / "data"), "--out", str(tmp_path / "data" / "out")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"tokenshards: error: --out {tmp_path}/data/out is inside --input "
+                                                f"{tmp_path}/data: the next run would read its part files as corpus "
+                                                "files; choose an --out outside the input folder"]
+    assert not (tmp_path / "data" / "out").exists()
+
+
+def test_dashboard_addresses():
+    assert loopback_unless_named(":8787") == "127.0.0.1:8787"
+    assert loopback_unless_named(":0") == "127.0.0.1:0"
+    assert loopback_unless_named("0.0.0.0:8787") == "0.0.0.0:8787"  # opened on purpose
+    assert loopback_unless_named("127.0.0.1:8787") == "127.0.0.1:8787"
+
+
+def test_the_dashboard_listens_on_loopback_by_default(tmp_path):
+    """The shipped default and a host-less :PORT: the dashboard's socket is bound to 127.0.0.1 only."""
+    write_parquet(tmp_path / "a.parquet", {"text": [f"document {i} " * 200 for i in range(200)]})
+    proc = subprocess.Popen([TOKENSHARDS, "tokenize", "--input", str(tmp_path / "a.parquet"), "--out", str(tmp_path / "o"),
+                             "--workers", "1", "--progress", "none", "--dashboard-address", ":0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: set[str] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline and not seen:
+            try:
+                seen = {c.laddr.ip for c in psutil.Process(proc.pid).net_connections(kind="tcp")
+                        if c.status == psutil.CONN_LISTEN}
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+    finally:
+        output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    assert seen and seen <= {"127.0.0.1"}, seen
