@@ -1,6 +1,8 @@
 """Everyday mistakes of issue 45 that tokenize itself refuses, and the dashboard kept to this machine."""
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import time
@@ -78,3 +80,39 @@ def test_the_dashboard_listens_on_loopback_by_default(tmp_path):
         output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, output
     assert seen and seen <= {"127.0.0.1"}, seen
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    write_parquet(root / "a.parquet", {"text": [f"document {i}: " + "words and more words " * (5 + i % 40) for i in range(300)]})
+    out = root / "out"
+    proc = subprocess.run([TOKENSHARDS, "tokenize", "--input", str(root / "a.parquet"), "--out", str(out), "--workers", "1",
+                           "--progress", "none", "--dashboard-address", ":0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def _export(run: Path, to: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([TOKENSHARDS, "export", str(run), "--format", "npy", "--to", str(to), "--val-tokens", "100",
+                           "--workers", "1", "--progress", "none", "--dashboard-address", ":0", *args],
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_a_mixture_the_client_cannot_plan_is_refused(small_run, tmp_path):
+    """`--tokens 1T` of a small run: one line saying how many passes, before any ordering (the
+    client grew to 14.8 GB before); nothing written."""
+    proc = _export(small_run, tmp_path / "x", "--tokens", "1T")
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("tokenshards: error:")]
+    assert errors == [proc.stderr.strip().splitlines()[-1]] and len(errors) == 1, proc.stderr
+    assert errors[0].startswith("tokenshards: error: --tokens 1,000,000,000,000 asks ") and " passes over " in errors[0]
+    assert "ordering" not in proc.stderr and not list((tmp_path / "x").glob("*.npy"))
+
+
+def test_a_mixture_that_repeats_says_how_often(small_run, tmp_path):
+    total = json.loads((small_run / "manifest.json").read_text())["totals"]["tokens"]
+    proc = _export(small_run, tmp_path / "x", "--tokens", str(total * 3))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r": 3\.\d* passes over its [\d,]+ train tokens \(3 whole, each document that many times, then a top-up\)",
+                     proc.stderr), proc.stderr

@@ -31,7 +31,8 @@ from ..cluster import machines, runner
 from ..errors import UserError
 from ..format.reader import PartitionFiles, open_manifest
 from ..format.v1 import Manifest, PartitionEntry
-from ..storage.store import check_bucket, filesystem
+from ..storage.hub.cache import free_bytes
+from ..storage.store import check_bucket, filesystem, is_local
 from ..wording import counted
 from . import mix, order, valsplit
 from .common import RECORD_FORMAT, finish, prepare_dest, record_settings, val_candidates, write_files
@@ -48,6 +49,11 @@ dask.dataframe on the client, ~0.4 s). With 64 MiB chunks and ~1,000-token docum
 up to ~10 B tokens on a few threads, ~2 B on 64 (at least one group per thread)."""
 FRAME_ROWS = 1_000_000
 """Rows (document copies, 46 bytes each) one task of the frame builds at most."""
+MAX_PLANNED_PASSES = 65_536
+"""(partition, pass) pieces the client plans at most: a mixture that repeats a small run very
+often (``--tokens 1T`` of a 640k-token run) is refused instead of growing the client."""
+FREE_DISK_KEPT = 2**30
+"""A local export refuses to start unless its output leaves this much of the disk free."""
 MAX_BUCKETS = 16_384
 """Keeps Dask's shuffle to at most this many output partitions (about 550 BT at 64 MiB chunks)."""
 ROW = np.dtype([("key", "<i8"), ("src", "<i2"), ("epoch", "<i4"), ("input", "<i4"), ("row", "<i8"), ("part", "<i4"),
@@ -313,6 +319,28 @@ def open_runs(config) -> list[Run]:
     return runs
 
 
+def check_request(runs, shares, names: list[str], *, total: int, val_tokens: int, dtype: str, per_bucket: int,
+                  dest_fs, dest_root: str, to: str) -> None:
+    """Refuse, in one line and before any ordering, a mixture the client or the disk cannot hold."""
+    pieces = sum(len(r.parts) * (s.epochs + (1 if s.remainder else 0)) for r, s in zip(runs, shares))
+    if pieces > MAX_PLANNED_PASSES:
+        worst = max(range(len(shares)), key=lambda i: shares[i].target / shares[i].available)
+        share = shares[worst]
+        raise UserError(f"--tokens {total:,} asks {share.target / share.available:,.0f} passes over {names[worst]} "
+                        f"({share.available:,} train tokens): {pieces:,} pieces to order, over the {MAX_PLANNED_PASSES:,} "
+                        "an export plans; ask fewer tokens, or tokenize more text")
+    if total > MAX_BUCKETS * per_bucket:
+        raise UserError(f"--tokens {total:,} is more than one export holds ({MAX_BUCKETS * per_bucket:,} tokens in "
+                        f"{MAX_BUCKETS:,} chunks); export fewer tokens at a time")
+    if is_local(dest_fs):
+        need = (total + val_tokens) * np.dtype(dtype).itemsize
+        free = free_bytes(dest_root)
+        if need + FREE_DISK_KEPT > free:
+            raise UserError(f"not enough disk space for --to {to}: the export needs ~{need / 1e9:,.1f} GB and 1 GB must "
+                            f"stay free, but only {free / 1e9:,.1f} GB is free; free some space, export elsewhere, or "
+                            "ask fewer --tokens")
+
+
 def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = print):
     """``export --shuffle`` and mixtures of several runs, while holding DEST's ``lease``; see the
     module docstring."""
@@ -355,6 +383,14 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
         weights = mix.weights_of(given, available, names)
         total = config.tokens if config.tokens is not None else mix.default_total(available, weights)
         shares = mix.shares(available=available, weights=weights, total=total, runs=names)
+        check_request(runs, shares, names, total=total, val_tokens=sum(vt for _, vt in val), dtype=dtype,
+                      per_bucket=max(1, config.chunk_bytes // np.dtype(dtype).itemsize), dest_fs=dest_fs,
+                      dest_root=dest_root, to=config.to)
+        for name, share in zip(names, shares):
+            passes = share.target / share.available
+            if passes > 1:
+                announce(f"{name}: {passes:.3g} passes over its {share.available:,} train tokens "
+                         f"({share.epochs} whole, each document that many times{', then a top-up' if share.remainder else ''})")
 
         tasks: list[FrameTask] = []
         taken = []
