@@ -116,3 +116,54 @@ def test_a_mixture_that_repeats_says_how_often(small_run, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r": 3\.\d* passes over its [\d,]+ train tokens \(3 whole, each document that many times, then a top-up\)",
                      proc.stderr), proc.stderr
+
+
+def _cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([TOKENSHARDS, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_misspelled_option_gets_a_suggestion_and_the_subcommands_usage():
+    proc = _cli("tokenize", "--inptu", "x", "--out", "y")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("usage: tokenshards tokenize ")
+    assert proc.stderr.strip().endswith("tokenshards tokenize: error: unrecognized arguments: --inptu x (did you mean --input?)")
+
+
+def test_debug_after_the_subcommand(tmp_path):
+    proc = _cli("verify", str(tmp_path / "nothing"), "--debug")
+    assert proc.returncode == 2 and "unrecognized arguments" not in proc.stderr
+    assert "Traceback" in proc.stderr  # what --debug is for
+
+
+def test_scheduler_with_workers_is_refused(tmp_path):
+    proc = _cli("tokenize", "--input", str(tmp_path), "--out", str(tmp_path / "o"), "--scheduler", "tcp://127.0.0.1:1",
+                "--workers", "4")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "tokenshards: error: --workers 4 sizes a local cluster; with --scheduler the scheduler's own workers run: drop "
+        "--workers, or start more with `dask worker`"]
+
+
+def test_inspect_plot_writes_what_its_name_says(small_run, tmp_path):
+    proc = _cli("inspect", str(small_run), "--plot", str(tmp_path / "lengths.svg"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "lengths.svg").read_bytes().startswith(b"<?xml")
+    proc = _cli("inspect", str(small_run), "--plot", str(tmp_path / "lengths.gif"))
+    assert proc.returncode == 2 and proc.stderr.strip() == (f"tokenshards: error: --plot {tmp_path}/lengths.gif: name a "
+                                                            ".png, .svg or .pdf file")
+
+
+def test_npy_export_does_not_speak_of_llmc(small_run, tmp_path):
+    proc = _export(small_run, tmp_path / "x")
+    assert proc.returncode == 0 and "llm.c" not in proc.stdout, proc.stdout
+
+
+def test_a_rerun_with_nothing_to_do_gives_no_rate_and_counts_its_start_up(small_run):
+    began = time.monotonic()
+    proc = _cli("tokenize", "--input", str(small_run.parent / "a.parquet"), "--out", str(small_run), "--workers", "1",
+                "--progress", "none", "--dashboard-address", ":0")
+    wall = time.monotonic() - began
+    assert proc.returncode == 0, proc.stderr
+    line = proc.stdout.splitlines()[1]
+    said = re.fullmatch(r"\s+1 partition \(1 already committed\): nothing to tokenize, ([\d.]+) s", line)
+    assert said, line
+    assert float(said.group(1)) >= 0.7 * wall - 0.2, (said.group(1), wall)  # start-up included

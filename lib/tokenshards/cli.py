@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 
 from .cluster import interrupt
@@ -199,7 +200,17 @@ def _run_tokenize(args) -> int:
         id_column=args.id_column, on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite,
         add=args.add, report=args.report, **_corpus_options(args), **_run_options(args),
     )
-    return _print_lines(run_tokenize_each(config, announce=_say))
+    return _print_lines(run_tokenize_each(config, announce=_say, started=_process_started()))
+
+
+def _process_started() -> float:
+    """When this process began (the summary's overall time counts start-up too)."""
+    import psutil
+
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return time.time()
 
 
 def _paired_outputs(encodings: list[str] | None, outs: list[str]) -> list[tuple[str, str]]:
@@ -391,9 +402,11 @@ def _add_inspect(sub) -> None:
 
 
 def _run_inspect(args) -> int:
-    from .inspect.stats import inspect_output, plot_lengths, report_lines
+    from .inspect.stats import inspect_output, plot_format, plot_lengths, report_lines
 
     options = _storage_options(args.storage_option)
+    if args.plot:
+        plot_format(args.plot)  # a wrong name is said before the run is read
     stats = inspect_output(args.out, storage_options=options, language_column=args.language_column)
     for line in report_lines(stats):
         print(line)
@@ -408,9 +421,9 @@ def _say(message: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenshards", description="Parquet text → exact token arrays, on Dask.")
+    parser = _Parser(prog="tokenshards", description="Parquet text → exact token arrays, on Dask.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for user errors too")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_tokenize(sub)
     _add_download(sub)
     _add_demo(sub)
@@ -419,6 +432,35 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     _add_train_bpe(sub)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with ``--debug`` after a subcommand too, and a suggestion for a misspelled option
+    (``--inptu``: did you mean --input?), which Python before 3.14's argparse does not give."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.prog != "tokenshards":  # a subcommand's parser
+            self.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extra = super().parse_known_args(args, namespace)
+        if extra and getattr(namespace, "command", None):  # the top parser saw a subcommand's leftovers
+            sub = next(a for a in self._subparsers._group_actions if isinstance(a, argparse._SubParsersAction))
+            command = sub.choices[namespace.command]
+            known = [o for action in command._actions for o in action.option_strings]
+            for option in (e for e in extra if e.startswith("--")):
+                close = difflib_close(option.split("=", 1)[0], known)
+                if close:  # the subcommand's usage, not the top-level one
+                    command.error(f"unrecognized arguments: {' '.join(extra)} (did you mean {close}?)")
+        return namespace, extra
+
+
+def difflib_close(option: str, known: list[str]) -> str | None:
+    import difflib
+
+    found = difflib.get_close_matches(option, [k for k in known if k.startswith("--")], n=1)
+    return found[0] if found else None
 
 
 def _prestart_local_workers(args) -> None:

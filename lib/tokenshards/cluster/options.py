@@ -34,6 +34,9 @@ class RunOptions:
             raise UserError(f"--scheduler {self.scheduler!r} is a web address, likely the dashboard's URL (port 8787 by "
                             "default): pass the scheduler's own address, tcp://HOST:8786 unless it was started otherwise")
         check_dashboard_address(self.dashboard_address)
+        if self.scheduler is not None and self.workers is not None:
+            raise UserError(f"--workers {self.workers} sizes a local cluster; with --scheduler the scheduler's own workers "
+                            "run: drop --workers, or start more with `dask worker`")
 
 
 def check_dashboard_address(address) -> None:

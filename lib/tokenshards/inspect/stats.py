@@ -279,6 +279,17 @@ def _plot_edges(lo: int, hi: int, *, bins: int = 70) -> np.ndarray:
     return np.array(edges)
 
 
+PLOT_FORMATS = ("png", "svg", "pdf")
+
+
+def plot_format(path: str) -> str:
+    """The image format ``--plot``'s file name asks for (``x.svg`` is SVG, not PNG bytes)."""
+    suffix = path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
+    if suffix not in PLOT_FORMATS:
+        raise UserError(f"--plot {path}: name a .png, .svg or .pdf file")
+    return suffix
+
+
 def plot_lengths(stats: RunStats, path: str, *, storage_options: dict | None = None) -> None:
     """A histogram of document lengths (log x) with the totals and median in the title and a box."""
     if not stats.docs:
@@ -333,7 +344,7 @@ def plot_lengths(stats: RunStats, path: str, *, storage_options: dict | None = N
             bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#999999", "alpha": 0.9})
     ax.grid(True, which="major", axis="y", alpha=0.3)
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    fig.savefig(buf, format=plot_format(path))
     fs, target = filesystem(path, storage_options)
     try:
         write_atomic(fs, target, buf.getvalue())

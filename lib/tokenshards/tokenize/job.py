@@ -56,6 +56,14 @@ class Summary:
     def lines(self, *, label: str = "") -> list[str]:
         """``label`` follows "done" (a run of several encodings names each one's)."""
         rate = self.tokens / self.seconds if self.seconds else 0.0
+        if self.partitions and self.skipped_partitions == self.partitions:  # nothing tokenized: no rate to give
+            return [
+                f"done{label}: {self.docs:,} documents, {self.tokens:,} tokens, skipped {self.skipped_null:,} null "
+                f"and {self.skipped_empty:,} empty rows",
+                f"      {counted(self.partitions, 'partition')} ({self.skipped_partitions} already committed): nothing "
+                f"to tokenize, {self.seconds:.1f} s",
+                f"      output: {self.out}",
+            ]
         return [
             f"done{label}: {self.docs:,} documents, {self.tokens:,} tokens, skipped {self.skipped_null:,} null "
             f"and {self.skipped_empty:,} empty rows",
@@ -86,10 +94,13 @@ def run_tokenize(config: TokenizeConfig, *, announce: Callable[[str], None] = pr
     return summary
 
 
-def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None] = print) -> Summaries:
+def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None] = print,
+                      started: float | None = None) -> Summaries:
     """Run the whole job, every output of ``config.outputs`` from one read of each partition;
-    returns a summary per output. Raises ``UserError`` for anything the user can fix."""
-    t0 = time.perf_counter()
+    returns a summary per output. Raises ``UserError`` for anything the user can fix.
+    ``started``: when the command began (``time.time()``), so the summary's time includes its
+    start-up (imports, the forkserver); default now."""
+    t0 = time.perf_counter() - (max(0.0, time.time() - started) if started is not None else 0.0)
     refuse_out_among_inputs(config)
     sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     places = []

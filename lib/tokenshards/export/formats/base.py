@@ -93,8 +93,9 @@ def shard_sizes(total: int, *, shard_tokens: int, min_shard_tokens: int = 0) -> 
     return sizes
 
 
-def shard_notes(files: list[OutFile], *, shard_tokens: int, min_shard_tokens: int) -> list[str]:
-    """For sharded formats: each split's shard count and what became of its last, shorter part."""
+def shard_notes(files: list[OutFile], *, shard_tokens: int, min_shard_tokens: int, reader: str | None = "llm.c") -> list[str]:
+    """For sharded formats: each split's shard count and what became of its last, shorter part;
+    ``reader``, the trainer whose batch limit a lone short shard sets (None: none is named)."""
     notes = []
     for split in ("val", "train"):
         shards = [f for f in files if f.split == split]
@@ -104,8 +105,9 @@ def shard_notes(files: list[OutFile], *, shard_tokens: int, min_shard_tokens: in
         if len(shards) == 1:
             note = f"{split}: 1 shard, {last.name}, {last.tokens:,} tokens"
             if last.tokens < min_shard_tokens:
-                note += (f": the whole split, under --min-shard-tokens ({min_shard_tokens:,}); llm.c reads it with "
-                         f"processes x B x T up to {last.tokens - 1:,}")
+                note += f": the whole split, under --min-shard-tokens ({min_shard_tokens:,})"
+                if reader:
+                    note += f"; {reader} reads it with processes x B x T up to {last.tokens - 1:,}"
         elif last.tokens > shard_tokens:
             note = (f"{split}: {len(shards)} shards; the last, {last.name}, holds {last.tokens:,} tokens: its final "
                     f"{last.tokens - shard_tokens:,} joined it rather than make a shard under --min-shard-tokens "

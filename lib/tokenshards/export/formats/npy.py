@@ -34,7 +34,7 @@ class Npy(Format):
         return [f"{prefix}_val_*.npy", f"{prefix}_train_*.npy"]
 
     def notes(self, files: list[OutFile], plan: Plan) -> list[str]:
-        return shard_notes(files, shard_tokens=plan.shard_tokens, min_shard_tokens=plan.min_shard_tokens)
+        return shard_notes(files, shard_tokens=plan.shard_tokens, min_shard_tokens=plan.min_shard_tokens, reader=None)
 
 
 FORMAT = Npy()
