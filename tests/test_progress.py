@@ -39,11 +39,27 @@ def test_bar_is_one_line_redrawn_in_place():
     assert text.count("\n") == 1 and text.endswith("\n")
     frames = [f.removesuffix("\x1b[K") for f in text.rstrip("\n").split("\r")[1:]]
     assert len(frames) == 6  # drawn at start, on each of 4 updates, and once more on close
-    assert frames[0].startswith("[......") and "  0%  partitions 0/4  0 tokens" in frames[0] and frames[0].endswith("ETA --")
-    half = re.fullmatch(r"\[(#+)(\.+)\]  50%  partitions 2/4  2\.0M tokens  200\.0k tokens/s  elapsed 10s  ETA 10s", frames[2])
+    assert frames[0].startswith("[......") and "  0%  partitions 0/4       0 tokens" in frames[0] and frames[0].endswith("ETA     --")
+    half = re.fullmatch(r"\[(#+)(\.+)\]  50%  partitions 2/4    2\.0M tokens  200\.0k tokens/s  elapsed    10s  ETA    10s",
+                        frames[2])
     assert half and len(half.group(1)) == len(half.group(2))
-    assert re.match(r"\[#+\] 100%  partitions 4/4", frames[-1]) and frames[-1].endswith("ETA 0s")
+    assert re.match(r"\[#+\] 100%  partitions 4/4", frames[-1]) and frames[-1].endswith("ETA     0s")
     assert all(len(f) <= 99 for f in frames)
+
+
+def test_bar_keeps_its_width_as_the_numbers_grow():
+    """Counts, amounts, rates and times padded to their widest: every frame as wide as the first,
+    the count's digits and the amounts in the same columns."""
+    clock, out = Clock(), io.StringIO()
+    progress = Progress(1200, mode="bar", stream=out, clock=clock, refresh=None, width=160)
+    for i in range(1200):
+        clock.now += 0.5 if i % 100 else 4000
+        progress.update(7 ** (i % 12))
+    progress.close()
+    frames = [f.removesuffix("\x1b[K") for f in out.getvalue().rstrip("\n").split("\r")[1:]]
+    assert len(frames) == 1202 and len({len(f) for f in frames}) == 1, sorted({len(f) for f in frames})
+    assert len({f.index(" tokens ") for f in frames}) == 1
+    assert "partitions    0/1200" in frames[0] and "partitions 1200/1200" in frames[-1]
 
 
 def test_bar_fits_a_narrow_terminal():
@@ -88,7 +104,7 @@ def test_none_prints_nothing_and_say_passes_messages_through():
 
 def test_say_clears_the_bar_first():
     out = io.StringIO()
-    progress = Progress(3, mode="bar", stream=out, clock=Clock(), refresh=None, width=80)
+    progress = Progress(3, mode="bar", stream=out, clock=Clock(), refresh=None, width=100)
     progress.say(lambda m: out.write(m + "\n"), "a note")
     progress.close()
     assert "\r\x1b[Ka note\n\r[" in out.getvalue()
@@ -114,7 +130,9 @@ def test_unknown_mode():
 
 def test_units():
     assert [human(n) for n in (999, 1500, 2_500_000, 3e12)] == ["999", "1.5k", "2.5M", "3.0T"]
-    assert [format_eta(s) for s in (9, 75, 3725)] == ["9s", "1m15s", "1h02m"]
+    assert [human(n) for n in (999.6, 999_960, 999_949)] == ["1.0k", "1.0M", "999.9k"]  # never "1000" nor "1000.0k"
+    assert [format_eta(s) for s in (9, 75, 3725, 99 * 3600 + 3599, 100 * 3600, 99 * 86400 + 86399, 100 * 86400)] == \
+        ["9s", "1m15s", "1h02m", "99h59m", "4d04h", "99d23h", ">99d"]
 
 
 def test_a_real_run_on_a_terminal_shows_one_live_line(cluster, tmp_path):

@@ -21,15 +21,28 @@ MODES = ("auto", "bar", "log", "none")
 
 
 def human(n: float) -> str:
+    """At most 6 characters below 1000P (``999``, ``999.9k``): a value that rounds up to 1000
+    moves to the next unit (``1.0k``, not ``1000``)."""
     for unit in ("", "k", "M", "G", "T"):
-        if abs(n) < 1000:
+        if abs(round(n, 1 if unit else 0)) < 1000:
             return f"{n:.1f}{unit}" if unit else f"{n:.0f}"
         n /= 1000
     return f"{n:.1f}P"
 
 
+HUMAN_WIDTH = 6
+"""``human``'s widest output below 1000P; the bar pads its numbers to it."""
+TIME_WIDTH = 6
+"""``format_eta``'s widest output (``99h59m``, ``99d23h``)."""
+
+
 def format_eta(seconds: float) -> str:
+    """At most ``TIME_WIDTH`` characters: ``9s``, ``1m15s``, ``1h02m``, ``4d07h``, ``>99d``."""
     seconds = int(seconds)
+    if seconds >= 100 * 86400:
+        return ">99d"
+    if seconds >= 100 * 3600:
+        return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
     if seconds >= 3600:
         return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
@@ -100,7 +113,13 @@ class Progress:
             if self.mode == "bar":
                 self._draw()
 
-    def line(self) -> str:
+    def line(self, *, fixed: bool = False) -> str:
+        """The progress in words. ``fixed``: every number padded to its widest (the count to the
+        total's digits, amounts and rates to ``human``'s, times to ``format_eta``'s), so the line
+        redrawn in place keeps its width and its fields their columns as the numbers change."""
+        def pad(text: str, width: int) -> str:
+            return text.rjust(width) if fixed else text
+
         elapsed = max(self.clock() - self.started, 1e-9)
         rate = self.carried / elapsed
         remaining = self.total - self.done
@@ -109,16 +128,19 @@ class Progress:
         else:
             eta = "--" if remaining else "0s"
         if self.amount is None:
-            carried = f"{human(self.finished_here / elapsed)} {self.unit}/s"
+            carried = f"{pad(human(self.finished_here / elapsed), HUMAN_WIDTH)} {self.unit}/s"
         else:
-            carried = f"{human(self.carried)}{self.amount}  {human(rate)}{self.amount}/s"
-        return (f"{self.label}{self.unit} {self.done}/{self.total}  {carried}  "
-                f"elapsed {format_eta(elapsed)}  ETA {eta}")
+            carried = (f"{pad(human(self.carried), HUMAN_WIDTH)}{self.amount}  "
+                       f"{pad(human(rate), HUMAN_WIDTH)}{self.amount}/s")
+        done = pad(str(self.done), len(str(self.total)))
+        return (f"{self.label}{self.unit} {done}/{self.total}  {carried}  "
+                f"elapsed {pad(format_eta(elapsed), TIME_WIDTH)}  ETA {pad(eta, TIME_WIDTH)}")
 
     def bar_line(self, width: int) -> str:
-        """``[#####.....]  42%  partitions ...``, never wider than ``width - 1`` characters."""
+        """``[#####.....]  42%  partitions ...``, never wider than ``width - 1`` characters, and
+        as wide from the first frame to the last (``line(fixed=True)``)."""
         fraction = self.done / self.total if self.total else 1.0
-        text = f"{100 * fraction:3.0f}%  {self.line()}"
+        text = f"{100 * fraction:3.0f}%  {self.line(fixed=True)}"
         room = min(30, width - 1 - len(text) - 3)
         if room >= 10:
             filled = int(room * fraction)

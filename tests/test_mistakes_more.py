@@ -1,0 +1,68 @@
+"""The rest of issue 45, each through the real ``tokenshards`` binary: error paths that cancel
+futures print one line and none of distributed's noise; no write probe or empty ``parts/`` left
+behind; an interrupted export told the truth; a fixed-width progress line; integer plot ticks;
+SIGTERM without a leaked-semaphore warning; ``verify --deep`` never echoing what a manifest says
+of files outside OUT; and every command's documented failure cases without a traceback."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import write_parquet
+
+TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
+TIMEOUT = 180
+QUIET = ("--progress", "none", "--dashboard-address", ":0")
+
+
+def _cli(*argv: str, timeout: int = TIMEOUT, env: dict | None = None, cwd=None) -> tuple[int, str]:
+    proc = subprocess.run([TOKENSHARDS, *argv], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=None if env is None else {**os.environ, **env})
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _one_line(code: int, printed: str, *needles: str) -> str:
+    """A non-zero exit, no traceback nor distributed's noise, and one error line holding every needle."""
+    assert "Traceback" not in printed and "Task exception was never retrieved" not in printed, printed
+    assert code != 0, printed
+    errors = [line for line in printed.splitlines() if line.startswith("tokenshards: error: ")]
+    assert len(errors) == 1, printed
+    for needle in needles:
+        assert needle in errors[0], printed
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("more-in")
+    write_parquet(root / "a.parquet", {"text": [f"document {i}: " + "words and more words " * (5 + i % 40)
+                                                for i in range(400)]}, row_group_size=50)
+    return root / "a.parquet"
+
+
+@pytest.fixture(scope="module")
+def small_run(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("more-run") / "out"
+    code, printed = _cli("tokenize", "--input", str(corpus), "--out", str(out), "--workers", "1",
+                         "--partition-mb", "0.02", *QUIET)
+    assert code == 0, printed
+    return out
+
+
+# -- the progress line keeps its width ---------------------------------------------------------------
+
+def test_the_progress_bar_keeps_its_width(corpus, tmp_path):
+    code, printed = _cli("tokenize", "--input", str(corpus), "--out", str(tmp_path / "out"), "--workers", "1",
+                         "--partition-mb", "0.005", "--progress", "bar", "--dashboard-address", ":0",
+                         env={"COLUMNS": "150"})
+    assert code == 0 and "Traceback" not in printed, printed
+    frames = [f.removesuffix("\x1b[K") for line in printed.splitlines() if "partitions " in line and "%" in line
+              for f in line.split("\r") if f.strip()]
+    assert len(frames) >= 4 and len({len(f) for f in frames}) == 1, frames
