@@ -66,3 +66,30 @@ def test_the_progress_bar_keeps_its_width(corpus, tmp_path):
     frames = [f.removesuffix("\x1b[K") for line in printed.splitlines() if "partitions " in line and "%" in line
               for f in line.split("\r") if f.strip()]
     assert len(frames) >= 4 and len({len(f) for f in frames}) == 1, frames
+
+
+# -- the plot counts whole documents -------------------------------------------------------------------
+
+def _tick_labels(svg: str, axis: str) -> list[str]:
+    """The text of each major tick label on ``axis`` ('x' or 'y'): matplotlib's SVG keeps each
+    text as a comment in its tick's group."""
+    labels = []
+    for group in re.split(rf'<g id="{axis}tick_\d+">', svg)[1:]:
+        said = re.search(r"<!-- (.*?) -->", group)
+        if said:
+            labels.append(said.group(1))
+    return labels
+
+
+def test_the_plot_counts_whole_documents(tmp_path):
+    """Five documents, one per length: the y axis says 0 and 1 (and nothing between), not
+    0, 0, 0, 1, 1, 1 for ticks at 0.2 steps."""
+    write_parquet(tmp_path / "few.parquet", {"text": ["one", "one two three", "a b c d e f g h", "x " * 30, "y " * 90]})
+    code, printed = _cli("tokenize", "--input", str(tmp_path / "few.parquet"), "--out", str(tmp_path / "run"),
+                         "--workers", "1", *QUIET)
+    assert code == 0, printed
+    code, printed = _cli("inspect", str(tmp_path / "run"), "--plot", str(tmp_path / "lengths.svg"))
+    assert code == 0 and "Traceback" not in printed, printed
+    ticks = _tick_labels((tmp_path / "lengths.svg").read_text(), "y")
+    assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks
+    assert len(set(ticks)) == len(ticks) and ticks == sorted(ticks, key=int), ticks

@@ -298,7 +298,7 @@ def plot_lengths(stats: RunStats, path: str, *, storage_options: dict | None = N
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter
 
     m = stats.manifest
     enc = m.encoding
@@ -320,6 +320,9 @@ def plot_lengths(stats: RunStats, path: str, *, storage_options: dict | None = N
     ax.xaxis.set_major_formatter(plain)
     # Over two decades or less, the minor ticks (2, 3, 5...) carry the only labels: plain numbers too.
     ax.xaxis.set_minor_formatter(plain if stats.max < 100 * max(stats.min, 1) else NullFormatter())
+    # Documents are counted whole: ticks at integers only (a few documents would get 0.2, 0.4...,
+    # labelled 0, 0, 1, 1 by the formatter).
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.axvline(median, color="#d1495b", linewidth=2, label=f"median {median:,.0f}")
     for q, style in ((10, ":"), (90, ":")):
