@@ -93,3 +93,42 @@ def test_the_plot_counts_whole_documents(tmp_path):
     ticks = _tick_labels((tmp_path / "lengths.svg").read_text(), "y")
     assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks
     assert len(set(ticks)) == len(ticks) and ticks == sorted(ticks, key=int), ticks
+
+
+# -- an interrupted export is told the truth -------------------------------------------------------------
+
+def _interrupt_when(argv: list[str], seen: str, *, timeout: int = TIMEOUT) -> tuple[int, str]:
+    """Run the command, send SIGINT to it alone (as a terminal's Ctrl-C reaches it: its workers
+    ignore SIGINT) once its stderr shows ``seen``; its exit code and everything it printed."""
+    import signal
+    import threading
+
+    err: list[str] = []
+    with subprocess.Popen([TOKENSHARDS, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        def read():
+            for line in proc.stderr:
+                err.append(line)
+                if seen in line and proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        out = proc.stdout.read()
+        proc.wait(timeout=timeout)
+        reader.join(timeout=10)
+    return proc.returncode, out + "".join(err)
+
+
+def test_an_interrupted_export_is_not_told_to_resume(small_run, tmp_path):
+    dest = tmp_path / "dest"
+    code, printed = _interrupt_when(["export", str(small_run), "--format", "npy", "--to", str(dest), "--val-tokens", "100",
+                                     "--workers", "1", "--progress", "log", "--dashboard-address", ":0"], "dashboard:")
+    assert code == 130 and "Traceback" not in printed, printed
+    said = [line for line in printed.splitlines() if line.startswith("tokenshards: interrupted")]
+    assert said == [f"tokenshards: interrupted; an export does not resume: {dest} may hold part of this one (files "
+                    "without their record, which no trainer should read); rerun with --overwrite to replace them"], printed
+    assert "resume" not in said[0].replace("does not resume", "")
+    code, printed = _cli("export", str(small_run), "--format", "npy", "--to", str(dest), "--val-tokens", "100",
+                         "--workers", "1", "--overwrite", *QUIET)
+    assert code == 0, printed
+    assert (dest / "fineweb_export.json").is_file()

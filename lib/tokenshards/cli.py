@@ -498,8 +498,26 @@ def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> in
         print(f"tokenshards: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("tokenshards: interrupted; committed partitions are kept, rerun the same command to resume", file=sys.stderr)
+        print(f"tokenshards: interrupted; {_after_interrupt(args)}", file=sys.stderr)
         return 130
+
+
+def _after_interrupt(args) -> str:
+    """What an interrupted command leaves and how to go on: only tokenize and download resume."""
+    command = args.command
+    if command == "tokenize":
+        return "committed partitions are kept, rerun the same command to resume"
+    if command == "download":
+        return "files already downloaded are kept, rerun the same command to fetch the rest"
+    if command == "export" and args.to.startswith("hf://"):
+        return ("rerun the same command: the staged export is made again unless it was finished, and files already "
+                "on the Hub are not sent again")
+    if command == "export":
+        return (f"an export does not resume: {args.to} may hold part of this one (files without their record, "
+                "which no trainer should read); rerun with --overwrite to replace them")
+    if command in ("verify", "inspect"):
+        return "nothing was changed"
+    return "rerun the same command to start again"
 
 
 def console_main(argv: list[str] | None = None):
