@@ -291,6 +291,8 @@ def test_a_run_that_failed_before_its_first_partition_is_not_told_to_resume(inpu
     code, printed = _cli("tokenize", "--input", str(inputs / "a.parquet"), "--out", str(out), "--text-column", "nosuch",
                          "--workers", "1", "--progress", "none")
     _refused(code, printed, "no text column 'nosuch'")
+    assert not out.exists()  # what the run made went with it (tests/test_mistakes_more.py)
+    (out / "parts").mkdir(parents=True)  # as a version before that, or a run still starting, left it
     for command in (["verify", str(out), "--scheduler", "tcp://127.0.0.1:9"], ["inspect", str(out)]):
         line = _refused(*_cli(*command), "stopped", "before its first partition")
         assert "resume" not in line.replace("nothing to check or resume", ""), line

@@ -132,3 +132,96 @@ def test_an_interrupted_export_is_not_told_to_resume(small_run, tmp_path):
                          "--workers", "1", "--overwrite", *QUIET)
     assert code == 0, printed
     assert (dest / "fineweb_export.json").is_file()
+
+
+# -- a full disk leaves no write probe; a run that stops before its first partition leaves nothing ------
+
+def _can_mount_tmpfs() -> bool:
+    if not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            "mount -t tmpfs tokenshards-probe /mnt"], capture_output=True)
+    return probe.returncode == 0
+
+
+FULL_DISK = r'''
+set -u
+mount -t tmpfs -o size=1m tokenshards-full "$DISK"
+dd if=/dev/zero of="$DISK/fill" bs=64k 2>/dev/null
+"$TS" tokenize --input "$IN" --out "$DISK/out" --workers 1 --progress none --dashboard-address :0
+echo "@tokenize $?"
+"$TS" export "$RUN" --format npy --to "$DISK/exp" --val-tokens 100 --workers 1 --progress none --dashboard-address :0
+echo "@export $?"
+echo "@left $(cd "$DISK" && ls -A | tr '\n' ' ')"
+rm "$DISK/fill"
+mount -o remount,size=64m "$DISK"
+mkdir "$DISK/out"
+touch -d '1 hour ago' "$DISK/out/.tokenshards-write-probe-0123.4567.tmp" "$DISK/out/.tokenshards-write-probe-89ab"
+"$TS" tokenize --input "$IN" --out "$DISK/out" --workers 1 --progress none --dashboard-address :0 >/dev/null
+echo "@again $?"
+echo "@then $(cd "$DISK/out" && ls -A | tr '\n' ' ')"
+'''
+
+
+@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs `unshare --mount` and tmpfs mounts (root)")
+def test_a_full_disk_leaves_no_write_probe(corpus, small_run, tmp_path):
+    """A tmpfs filled to the last byte: tokenize and export each refuse in one line, leaving no
+    ``.tokenshards-write-probe-*`` (nor an empty OUT); the next successful run clears probes an
+    earlier one left."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", FULL_DISK],
+                          capture_output=True, text=True, timeout=2 * TIMEOUT,
+                          env={**os.environ, "DISK": str(disk), "TS": TOKENSHARDS, "IN": str(corpus), "RUN": str(small_run)})
+    said = dict(line[1:].split(" ", 1) for line in proc.stdout.splitlines() if line.startswith("@"))
+    assert said.get("tokenize", "0") != "0" and said.get("export", "0") != "0", proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("tokenshards: error: ")]
+    assert len(errors) == 2 and all("No space left on device" in e and "free some space" in e for e in errors), proc.stderr
+    assert said["left"].split() == ["fill"], said  # no out/, no exp/ probe, nothing else
+    assert said["again"] == "0", proc.stdout + proc.stderr
+    assert "write-probe" not in said["then"] and "manifest.json" in said["then"], said
+
+
+@pytest.fixture(scope="module")
+def unreadable(tmp_path_factory) -> Path:
+    """Its footer reads (planned), its pages do not (every task fails)."""
+    from conftest import corrupt_data_pages
+
+    root = tmp_path_factory.mktemp("unreadable")
+    return corrupt_data_pages(write_parquet(root / "broken.parquet", {"text": [f"text {i} " * 50 for i in range(200)]}))
+
+
+@pytest.mark.parametrize("case", ["unknown encoding", "unreadable parquet", "missing text column"])
+@pytest.mark.parametrize("folder", ["new", "empty"])
+def test_a_run_that_stops_before_its_first_partition_leaves_nothing(corpus, unreadable, tmp_path, case, folder):
+    """No parts/, no job file, no OUT it made: `verify OUT` finds no run to resume, and the same
+    OUT takes the fixed command at once."""
+    out = tmp_path / "out"
+    if folder == "empty":
+        out.mkdir()
+    argv = {"unknown encoding": ["--input", str(corpus), "--encoding", "nosuch"],
+            "unreadable parquet": ["--input", str(unreadable)],
+            "missing text column": ["--input", str(corpus), "--text-column", "nosuch"]}[case]
+    code, printed = _cli("tokenize", *argv, "--out", str(out), "--workers", "1", *QUIET)
+    _one_line(code, printed)
+    if folder == "new":
+        assert not out.exists(), sorted(p.name for p in out.rglob("*"))
+    else:
+        assert out.is_dir() and not list(out.iterdir()), sorted(p.name for p in out.rglob("*"))
+    line = _one_line(*_cli("verify", str(out), "--scheduler", "tcp://127.0.0.1:9"), "no manifest.json")
+    assert "resume" not in line, line
+    code, printed = _cli("tokenize", "--input", str(corpus), "--out", str(out), "--workers", "1", *QUIET)
+    assert code == 0, printed
+
+
+def test_a_failure_after_a_committed_partition_keeps_it_for_resume(corpus, unreadable, tmp_path):
+    """--partition-mb small enough that the good file commits partitions before the broken one
+    fails: what was committed stays, with the job file, and verify says to resume."""
+    out = tmp_path / "out"
+    code, printed = _cli("tokenize", "--input", str(corpus), str(unreadable), "--out", str(out), "--workers", "1",
+                         "--partition-mb", "0.02", *QUIET)
+    _one_line(code, printed, "broken.parquet")
+    if not list((out / "parts").glob("part-*.done.json")):
+        pytest.skip("the broken file's partition failed before any other committed")
+    assert (out / "tokenshards-job.json").is_file()

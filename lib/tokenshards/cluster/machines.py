@@ -190,8 +190,8 @@ def blind_machines(client, uses: Iterable[PathUse]) -> dict[PathUse, list[str]]:
             if use.writes:
                 path = os.path.join(_absolute(use.url), f"{PROBE_PREFIX}{uuid.uuid4().hex}")
                 token = uuid.uuid4().bytes
+                probes.append(path)  # removed below even when the write fails (a full disk keeps the file)
                 _write_probe(path, token, use)
-                probes.append(path)
                 expected[path], owner[path] = token, use
             for f in _sample([_absolute(p) for p in use.files]):
                 expected[f], owner[f] = _stat(f), use

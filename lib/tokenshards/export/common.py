@@ -5,6 +5,7 @@ imports the other's module for these; ``job.run_export`` only hands shuffled exp
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -20,7 +21,8 @@ from ..cluster import interrupt, runner
 from ..cluster.progress import Progress, human
 from ..errors import UserError
 from ..storage.lease import Lease
-from ..storage.store import check_bucket, display_url, filesystem, is_local, is_s3, join, write_json
+from ..storage.store import (WRITE_PROBE_PREFIX, check_bucket, display_url, filesystem, is_local, is_s3, join,
+                             remove_stale_probes, write_advice, write_json)
 from ..wording import counted
 from . import valsplit
 from .config import ExportConfig
@@ -104,16 +106,20 @@ def prepare_dest(fs, root: str, config: ExportConfig) -> None:
     if found and not config.overwrite:
         names = ", ".join(posixpath.basename(p) for p in found[:3]) + (" ..." if len(found) > 3 else "")
         raise UserError(f"{config.to} already holds an export ({names}); choose another --to or pass --overwrite to replace it")
+    probe = join(root, f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex}")
     try:
         for path in found:
             fs.rm(path)
         _clear_unfinished(fs, root, patterns)
+        remove_stale_probes(fs, root)
         fs.makedirs(root, exist_ok=True)
-        probe = join(root, f".tokenshards-write-probe-{uuid.uuid4().hex}")
         fs.pipe_file(probe, b"ok")
-        fs.rm(probe)
     except Exception as e:
-        raise UserError(f"cannot write to {config.to!r}: {type(e).__name__}: {e}; choose another --to or fix its permissions") from e
+        raise UserError(f"cannot write to {config.to!r}: {type(e).__name__}: {e}; {write_advice(e, '--to')}") from e
+    finally:  # also when the write failed: a full disk keeps the file it created, empty
+        with contextlib.suppress(Exception):
+            if fs.exists(probe):
+                fs.rm(probe)
 
 
 def earlier_format_patterns(fs, root: str, config: ExportConfig) -> list[str]:

@@ -7,7 +7,9 @@ mixed exports are ``shuffle.py``'s; both stand on ``common.py`` and the formats 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import time
 from typing import Callable
 
@@ -17,7 +19,7 @@ from ..cluster import machines, runner
 from ..errors import UserError
 from ..format.reader import open_manifest
 from ..storage.lease import Lease
-from ..storage.store import filesystem
+from ..storage.store import filesystem, is_local
 from . import valsplit
 from .common import (RECORD_FORMAT, ExportSummary, check_destination, dest_lease, finish, prepare_dest, record_settings, val_candidates,
                      write_files)
@@ -36,15 +38,31 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
 
         return run_publish(PublishConfig(export=config), announce=announce)
     check_destination(config)
-    if config.shuffled:
-        from .shuffle import run_shuffled_export
+    with _made_here(config):
+        if config.shuffled:
+            from .shuffle import run_shuffled_export
 
+            with dest_lease(config, announce=announce) as lease:
+                return run_shuffled_export(config, lease=lease, announce=announce)
+        t0 = time.perf_counter()
+        _, _, manifest = open_manifest(config.out, config.storage_options)
         with dest_lease(config, announce=announce) as lease:
-            return run_shuffled_export(config, lease=lease, announce=announce)
-    t0 = time.perf_counter()
-    _, _, manifest = open_manifest(config.out, config.storage_options)
-    with dest_lease(config, announce=announce) as lease:
-        return _export_owned(config, manifest, lease, t0=t0, announce=announce)
+            return _export_owned(config, manifest, lease, t0=t0, announce=announce)
+
+
+@contextlib.contextmanager
+def _made_here(config: ExportConfig):
+    """A local DEST this export made is removed again when it fails while DEST is still empty
+    (a full disk, a refused run): nothing is left that looks like an export was begun."""
+    dest_fs, dest_root = filesystem(config.to, config.storage_options)
+    made = is_local(dest_fs) and not os.path.lexists(dest_root)
+    try:
+        yield
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(dest_root)  # only if empty
+        raise
 
 
 def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,

@@ -41,7 +41,8 @@ import fsspec
 
 from ..cluster.machines import process_space
 from ..errors import UserError
-from .store import display_url, gcs_upload, is_azure, is_gcs, is_local, is_s3, join, temporary_beside, write_atomic
+from .store import (display_url, gcs_upload, is_azure, is_gcs, is_local, is_s3, join, temporary_beside, write_advice,
+                    write_atomic)
 
 LEASE_FILE = ".tokenshards-lease.json"
 DEFAULT_TTL = 120.0
@@ -60,6 +61,14 @@ class LeaseLost(UserError):
 
 class _Conflict(Exception):
     """A conditional write lost: somebody else's lease is in place."""
+
+
+class _Unwritable(Exception):
+    """A local lease file could not be written at all (a full disk, no permission)."""
+
+    def __init__(self, error: OSError):
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,16 +137,21 @@ class _LocalOps:
 
     def create(self, data: bytes) -> bytes:
         tmp = temporary_beside(self.path)
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
-            os.link(tmp, self.path)
-        except FileExistsError as e:
-            raise _Conflict() from e
-        finally:
-            os.remove(tmp)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                raise _Unwritable(e) from e
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError as e:
+                raise _Conflict() from e
+        finally:  # a full disk keeps the temporary it could not fill: it goes too
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
         return data
 
     def replace(self, data: bytes, token: bytes, *, mine: bool) -> bytes:
@@ -400,6 +414,9 @@ class Lease:
                 return
             except _Conflict:
                 pass
+            except _Unwritable as e:
+                raise UserError(f"cannot write to {self.url}: {type(e.error).__name__}: {e.error}; "
+                                f"{write_advice(e.error, 'folder')}") from e.error
             current = self.ops.read()
             if current is None:
                 continue  # released meanwhile
@@ -419,6 +436,9 @@ class Lease:
                 self.token = self.ops.replace(self.record.to_bytes(), token, mine=False)
             except _Conflict:
                 continue
+            except _Unwritable as e:
+                raise UserError(f"cannot write to {self.url}: {type(e.error).__name__}: {e.error}; "
+                                f"{write_advice(e.error, 'folder')}") from e.error
             what = held.describe(now) if held is not None else "an unreadable record"
             self.announce(f"{self.url}: took over the stale lease of {what}")
             return

@@ -35,6 +35,7 @@ import mmap
 import os
 import posixpath
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -479,7 +480,10 @@ class _LocalWrite(PendingWrite):
             raise
 
     def abort(self) -> None:
-        self.file.close()
+        # On a full disk, close() flushes the bytes the failed write kept and fails the same way:
+        # the temporary must go all the same (a probe's was left in OUT, kept by the next run).
+        with contextlib.suppress(OSError):
+            self.file.close()
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.tmp)
 
@@ -836,7 +840,7 @@ def ensure_writable(fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
             raise UserError(f"cannot write to output {url!r}: {type(e).__name__}: {_one_line(e)}; "
                             "choose another --out or fix its permissions") from e
     check_bucket(fs, root, url, what="output")
-    probe = join(root, f".tokenshards-write-probe-{uuid.uuid4().hex}")
+    probe = join(root, f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex}")
     try:
         write_atomic(fs, probe, b"ok")
     except UserError:
@@ -844,7 +848,48 @@ def ensure_writable(fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
     except Exception as e:
         if is_local(fs):
             raise UserError(f"cannot write to output {url!r}: {type(e).__name__}: {_one_line(e)}; "
-                            "choose another --out or fix its permissions") from e
+                            f"{write_advice(e, '--out')}") from e
         raise storage_error(e, url, what="cannot write to output", fs=fs) from e
-    with contextlib.suppress(PermissionError):  # write-only credentials are enough for a run
+    # Write-only credentials are enough for a run; a probe already gone (a run that cleared this
+    # folder's leftovers meanwhile) is no error.
+    with contextlib.suppress(PermissionError, FileNotFoundError):
         fs.rm(probe)
+
+
+WRITE_PROBE_PREFIX = ".tokenshards-write-probe-"
+"""The name of the small file written (and removed) to learn that a folder takes writes."""
+
+STALE_PROBE_SECONDS = 60.0
+"""A probe lives milliseconds; one this old in a local folder was left by a process that died or
+failed while writing it (and another command's probe may be in flight now: younger ones stay)."""
+
+
+def write_advice(e: BaseException, option: str) -> str:
+    """What to do when a local folder refused a write: a full disk is not a permissions problem."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return f"free some space there or choose another {option}"
+    return f"choose another {option} or fix its permissions"
+
+
+def remove_stale_probes(fs: fsspec.AbstractFileSystem, root: str) -> int:
+    """Write probes (``ensure_writable``'s, an export's) and their temporaries that earlier
+    commands left in ``root``: local ones older than ``STALE_PROBE_SECONDS``; on an object store,
+    every one (a probe there is one PUT: whole or absent, and removing it twice is no error).
+    Called by the folder's lease holder; returns how many went."""
+    gone = 0
+    try:
+        found = fs.glob(join(root, WRITE_PROBE_PREFIX + "*"))
+    except (OSError, ValueError):
+        return 0
+    now = time.time()
+    for path in found:
+        if is_local(fs):
+            try:
+                if now - os.lstat(path).st_mtime < STALE_PROBE_SECONDS:
+                    continue
+            except FileNotFoundError:
+                continue
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            fs.rm(path)
+            gone += 1
+    return gone

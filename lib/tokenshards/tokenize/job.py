@@ -33,7 +33,8 @@ from ..cluster.progress import Progress, human
 from ..wording import counted
 from ..storage.hubspec import PROTOCOL
 from ..storage.lease import Lease
-from ..storage.store import abort_stale_uploads, ensure_writable, file_identity_like, filesystem, is_local, join
+from ..storage.store import (abort_stale_uploads, ensure_writable, file_identity_like, filesystem, is_local, join,
+                             remove_stale_probes)
 
 if TYPE_CHECKING:
     import dask.dataframe as dd  # imported where the graph is built: a user's mistake is said before it
@@ -104,17 +105,79 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
     refuse_out_among_inputs(config)
     sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     places = []
-    for output in config.outputs:
-        out_fs, out_root = filesystem(output.out, config.storage_options)
-        ensure_writable(out_fs, out_root, output.out)  # a missing bucket or dead endpoint fails here, in one line
-        places.append((output, out_fs, out_root))
-    # One live writer per OUT: taken before anything in OUT is removed or written, held to the end.
-    with contextlib.ExitStack() as held:
-        outs = [_Output(config=config.for_output(output), fs=out_fs, root=out_root, several=len(places) > 1,
-                        lease=held.enter_context(Lease(out_fs, out_root, url=output.out, command="tokenize",
-                                                       announce=announce)))
-                for output, out_fs, out_root in places]
-        return _run_owned(config, sources, outs, t0=t0, announce=announce)
+    fresh: list[_Fresh] = []
+    try:
+        for output in config.outputs:
+            out_fs, out_root = filesystem(output.out, config.storage_options)
+            fresh.append(_Fresh.before(out_fs, out_root))
+            ensure_writable(out_fs, out_root, output.out)  # a missing bucket or dead endpoint fails here, in one line
+            places.append((output, out_fs, out_root))
+        # One live writer per OUT: taken before anything in OUT is removed or written, held to the end.
+        with contextlib.ExitStack() as held:
+            outs = []
+            for (output, out_fs, out_root), new in zip(places, fresh):
+                lease = held.enter_context(Lease(out_fs, out_root, url=output.out, command="tokenize", announce=announce))
+                new.owned = True
+                outs.append(_Output(config=config.for_output(output), fs=out_fs, root=out_root, several=len(places) > 1,
+                                    lease=lease))
+            try:
+                return _run_owned(config, sources, outs, t0=t0, announce=announce)
+            except BaseException:
+                for new in fresh:
+                    new.remove_if_unstarted()  # while the lease is held: no other writer is in OUT
+                raise
+    except BaseException:
+        for new in fresh:
+            new.remove_empty_folders()  # after the lease went: its file was the last one there
+        raise
+
+
+@dataclass(kw_only=True)
+class _Fresh:
+    """What an OUT held before this command, so that a run that stops before its first partition
+    (an unknown encoding, an unreadable parquet file, a missing text column, a full disk) takes
+    away what it made there: an empty ``parts/`` and a job file would read as a run to resume.
+    Only ever what this command made: an OUT that held a job file or a manifest is left as it is,
+    and nothing is removed once a partition is committed (a rerun resumes from it)."""
+
+    fs: object
+    root: str
+    existed: bool
+    """The folder was there (local OUT): it stays, emptied of what this command made."""
+    started_here: bool
+    """No job file nor manifest was there: a job file now is this command's."""
+    owned: bool = False
+    """This command held OUT's lease (only then does it remove a job file: another writer's is not ours)."""
+
+    @classmethod
+    def before(cls, fs, root: str) -> "_Fresh":
+        try:
+            existed = fs.exists(root) if is_local(fs) else True
+            started_here = not (fs.exists(join(root, manifest.JOB_FILE)) or fs.exists(join(root, manifest.MANIFEST)))
+        except Exception:  # an unreachable store: ensure_writable says so, in one line
+            existed, started_here = True, False
+        return cls(fs=fs, root=root, existed=existed, started_here=started_here)
+
+    def remove_if_unstarted(self) -> None:
+        if not (self.started_here and self.owned):
+            return
+        with contextlib.suppress(Exception):  # the error that stopped the run is the one to report
+            fs, root = self.fs, self.root
+            if fs.exists(join(root, manifest.MANIFEST)) or fs.glob(join(root, "parts", "part-*.done.json")):
+                return  # a partition was committed: a rerun resumes from it
+            if fs.exists(join(root, manifest.JOB_FILE)):
+                fs.rm(join(root, manifest.JOB_FILE))
+            if is_local(fs):
+                resume.remove_stale_temporaries(fs, root)
+
+    def remove_empty_folders(self) -> None:
+        """``parts/`` (``ensure_writable`` makes it) and OUT itself if this command made it; each
+        only if empty (``rmdir``): anything else there is not ours to remove."""
+        if not (self.started_here and is_local(self.fs)):
+            return
+        for folder in [join(self.root, "parts")] + ([self.root] if not self.existed else []):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
 
 @dataclass(kw_only=True)
@@ -416,9 +479,11 @@ def _announce_invalid_rows(entries, *, announce: Callable[[str], None]) -> None:
 
 
 def _clear_leftovers(fs, root: str) -> None:
-    """What killed writers leave: local ``*.tmp`` files, unfinished S3 multipart uploads. Only
-    when no writer of this job is active (before its tasks start, after they all finished)."""
+    """What killed writers leave: local ``*.tmp`` files, unfinished S3 multipart uploads, write
+    probes of commands that failed or died. Only when no writer of this job is active (before its
+    tasks start, after they all finished)."""
     resume.remove_stale_temporaries(fs, root)
+    remove_stale_probes(fs, root)
     abort_stale_uploads(fs, join(root, "parts"))
 
 
