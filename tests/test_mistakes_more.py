@@ -225,3 +225,45 @@ def test_a_failure_after_a_committed_partition_keeps_it_for_resume(corpus, unrea
     if not list((out / "parts").glob("part-*.done.json")):
         pytest.skip("the broken file's partition failed before any other committed")
     assert (out / "tokenshards-job.json").is_file()
+
+
+# -- verify --deep never describes a file a manifest points at ---------------------------------------------
+
+def _point_inputs_at(run: Path, copy: Path, target: str) -> None:
+    shutil.copytree(run, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    old = manifest["inputs"][0]["path"]
+    manifest["inputs"][0]["path"] = target
+    for entry in manifest["partitions"]:
+        if entry["input"] == old:
+            entry["input"] = target
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("target", ["shadow", "fifo", "other parquet"])
+def test_verify_deep_never_echoes_an_inputs_size_or_time(small_run, tmp_path, target):
+    """A manifest whose input is /etc/shadow (or a secret of the same kind), a FIFO, or another
+    parquet file: one line per input, never its size, mtime or bytes; a FIFO is never opened."""
+    secret = Path("/etc/shadow")
+    if target == "shadow" and not secret.is_file():
+        secret = tmp_path / "shadow"
+        secret.write_text("root:x:19000:0:99999:7:::\n")
+        secret.chmod(0o600)
+    path = {"shadow": secret, "fifo": tmp_path / "pipe", "other parquet": tmp_path / "other.parquet"}[target]
+    if target == "fifo":
+        os.mkfifo(path)
+    elif target == "other parquet":
+        write_parquet(path, {"text": ["something else entirely"] * 3})
+    _point_inputs_at(small_run, tmp_path / "copy", str(path))
+    code, printed = _cli("verify", str(tmp_path / "copy"), "--deep", "20", "--workers", "1", *QUIET, timeout=120)
+    assert code == 1 and "Traceback" not in printed, printed
+    about = [line for line in printed.splitlines() if str(path) in line and "disagrees with manifest.json" not in line]
+    info = os.stat(path)
+    for line in about:
+        assert str(info.st_size) not in line.split(str(path), 1)[1] and str(info.st_mtime_ns) not in line, line
+        assert not re.search(r"(size|mtime_ns) \d", line) and "root:" not in line and "→" not in line, line
+    if target == "other parquet":
+        assert about and all("its mtime_ns and size differ from what the run recorded" in line for line in about), about
+    else:
+        want = "is not a regular file (a FIFO); it is not opened" if target == "fifo" else "is not a parquet file"
+        assert about == [f"problem: input {path}: {want}; --deep compared none of its documents"], printed

@@ -626,7 +626,7 @@ def read_manifest_json(fs: fsspec.AbstractFileSystem, root: str):
     if is_local(fs):
         mode = os.stat(path).st_mode  # FileNotFoundError as the read's would be
         if not stat.S_ISREG(mode):
-            raise ManifestError(f"not a regular file ({_file_kind(mode)}); it is not opened")
+            raise ManifestError(f"not a regular file ({file_kind(mode)}); it is not opened")
     return read_json(fs, path)
 
 
@@ -673,11 +673,11 @@ def local_file_problems(fs: fsspec.AbstractFileSystem, root: str, manifest: Mani
                 continue
             if not stat.S_ISREG(info.st_mode):
                 problems.append(f"partition {e.index}: {key} {rel!r} is not a regular file "
-                                f"({_file_kind(info.st_mode)}); it is not opened")
+                                f"({file_kind(info.st_mode)}); it is not opened")
     return problems
 
 
-def _file_kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
         if test(mode):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
+import stat
 from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable
@@ -33,7 +35,7 @@ from ..errors import UserError
 from ..wording import counted
 from ..tokenize.footers import WORKER_FOOTERS
 from ..storage.hubspec import reading_plugins_for_run
-from ..storage.store import describe_identity_change, file_identity_like, filesystem, is_local, join, read_json
+from ..storage.store import file_identity_like, filesystem, is_local, join, read_json
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
 
@@ -200,7 +202,48 @@ def _input_change(url: str, recorded: dict | None, *, storage_options: dict) -> 
         return "removed"
     if dict(now) == recorded:
         return None
-    return describe_identity_change(tuple(recorded.items()), now)
+    # Named, never shown: the values come from the manifest (anyone's to edit) and from a file it
+    # names, which may be one the user never meant to describe (/etc/shadow's size and mtime).
+    now = dict(now)
+    differ = sorted(k for k in set(recorded) | set(now) if recorded.get(k) != now.get(k))
+    return f"its {' and '.join(differ)} differ from what the run recorded" if differ else "changed"
+
+
+PARQUET_MAGIC = b"PAR1"
+
+
+def _not_parquet(url: str, storage_options: dict) -> str | None:
+    """Why a local input is no parquet file for --deep to read (not a regular file, too short,
+    no ``PAR1`` at both ends), or None; said without its size, time or bytes. A missing file,
+    and inputs on object stores, are left to the workers' own check (``_input_change``)."""
+    fs, path = filesystem(url, storage_options)
+    if not is_local(fs):
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"cannot be read ({type(e).__name__})"
+    if not stat.S_ISREG(mode):
+        return f"is not a regular file ({v1.file_kind(mode)}); it is not opened"
+    try:  # O_NONBLOCK: a file swapped for a FIFO since the stat does not hang the open
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        return f"cannot be read ({type(e).__name__})"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "is not a regular file; it is not opened"
+        head = os.pread(fd, 4, 0)
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, 4, size - 4) if size >= 12 else b""
+    except OSError as e:
+        return f"cannot be read ({type(e).__name__})"
+    finally:
+        os.close(fd)
+    if head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
+        return "is not a parquet file"
+    return None
 
 
 def _read_rows(url: str, rows: list[int], *, row_groups: tuple[int, int], text_column: str,
@@ -278,8 +321,16 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     sample = choose_sample([(e.index, int(e.docs)) for e in entries], n=config.deep, seed=config.seed) \
         if loaded is not None else {}
 
-    # The workers read the parts (and --deep's inputs): a pass must speak of what this machine sees.
+    # An input --deep would read must be a parquet file, said in one line per input otherwise; its
+    # documents are not compared (a FIFO would hang the read, /etc/shadow is no one's corpus).
     sampled = {e.input for e in entries if sample.get(e.index)}
+    unfit = {path: why for path in sorted(sampled) if (why := _not_parquet(path, config.storage_options))}
+    problems += [f"input {path}: {why}; --deep compared none of its documents" for path, why in unfit.items()]
+    if unfit:
+        input_of = {e.index: e.input for e in entries}
+        sample = {i: rows for i, rows in sample.items() if input_of[i] not in unfit}
+        sampled -= set(unfit)
+    # The workers read the parts (and --deep's inputs): a pass must speak of what this machine sees.
     local_paths = [machines.reading_run("OUT", config.out, manifest.files(root)),
                    *[machines.PathUse(option="input", url=path, writes=False, files=(path,)) for path in sorted(sampled)]]
     with runner.connect_to(config, announce=announce, local_paths=local_paths) as client:
