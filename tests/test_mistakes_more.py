@@ -9,8 +9,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -97,11 +99,9 @@ def test_the_plot_counts_whole_documents(tmp_path):
 
 # -- an interrupted export is told the truth -------------------------------------------------------------
 
-def _interrupt_when(argv: list[str], seen: str, *, timeout: int = TIMEOUT) -> tuple[int, str]:
-    """Run the command, send SIGINT to it alone (as a terminal's Ctrl-C reaches it: its workers
+def _interrupt_when(argv: list[str], seen: str, *, timeout: int = TIMEOUT, signum: int = signal.SIGINT) -> tuple[int, str]:
+    """Run the command, send ``signum`` to it alone (as a terminal's Ctrl-C reaches it: its workers
     ignore SIGINT) once its stderr shows ``seen``; its exit code and everything it printed."""
-    import signal
-    import threading
 
     err: list[str] = []
     with subprocess.Popen([TOKENSHARDS, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
@@ -109,7 +109,7 @@ def _interrupt_when(argv: list[str], seen: str, *, timeout: int = TIMEOUT) -> tu
             for line in proc.stderr:
                 err.append(line)
                 if seen in line and proc.poll() is None:
-                    proc.send_signal(signal.SIGINT)
+                    proc.send_signal(signum)
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
@@ -132,6 +132,21 @@ def test_an_interrupted_export_is_not_told_to_resume(small_run, tmp_path):
                          "--workers", "1", "--overwrite", *QUIET)
     assert code == 0, printed
     assert (dest / "fineweb_export.json").is_file()
+
+
+def test_sigterm_stops_tokenize_cleanly(corpus, tmp_path):
+    """SIGTERM takes Ctrl-C's way out: the cluster closed in order, exit 143, one line, and no
+    leaked-semaphore warning from multiprocessing's resource tracker; the run then resumes."""
+    out = tmp_path / "out"
+    argv = ["tokenize", "--input", str(corpus), "--out", str(out), "--workers", "2", "--partition-mb", "0.005",
+            "--progress", "log", "--dashboard-address", ":0"]
+    code, printed = _interrupt_when(argv, "partitions 1/", signum=signal.SIGTERM)
+    assert code == 143 and "Traceback" not in printed, printed
+    assert "leaked semaphore" not in printed and "resource_tracker" not in printed, printed
+    assert [line for line in printed.splitlines() if line.startswith("tokenshards: ")] == [
+        "tokenshards: terminated (SIGTERM); committed partitions are kept, rerun the same command to resume"], printed
+    code, printed = _cli(*argv)
+    assert code == 0 and "already committed" in printed, printed
 
 
 # -- a full disk leaves no write probe; a run that stops before its first partition leaves nothing ------

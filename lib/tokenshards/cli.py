@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -498,6 +499,9 @@ def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> in
         print(f"tokenshards: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
+        if interrupt.terminated():
+            print(f"tokenshards: terminated (SIGTERM); {_after_interrupt(args)}", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(f"tokenshards: interrupted; {_after_interrupt(args)}", file=sys.stderr)
         return 130
 

@@ -14,6 +14,7 @@ import threading
 from typing import Iterator
 
 _requested = threading.Event()
+_terminated = threading.Event()
 
 
 def _on_sigint(signum, frame):
@@ -21,13 +22,28 @@ def _on_sigint(signum, frame):
     raise KeyboardInterrupt
 
 
+def _on_sigterm(signum, frame):
+    """SIGTERM (``kill``, a batch system's stop) takes Ctrl-C's way out: the work cancelled, the
+    cluster closed in order. Its default, dying at once, left the local workers' multiprocessing
+    resource tracker to warn of leaked semaphores after the command was gone."""
+    _terminated.set()
+    _on_sigint(signum, frame)
+
+
+def terminated() -> bool:
+    """Whether the stop was a SIGTERM rather than Ctrl-C (the exit code and the message differ)."""
+    return _terminated.is_set()
+
+
 def install() -> None:
-    """Route SIGINT through the flag (main thread only: that is where Python runs handlers), and
+    """Route SIGINT (and SIGTERM) through the flag (main thread only: that is where Python runs handlers), and
     keep a swallowed KeyboardInterrupt from printing an "Exception ignored" traceback: the flag
     already carries it to the next check."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is _on_sigint:
         return
     signal.signal(signal.SIGINT, _on_sigint)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # a host application's own handler stays
+        signal.signal(signal.SIGTERM, _on_sigterm)
     previous_hook = sys.unraisablehook
 
     def hook(unraisable):
