@@ -280,8 +280,10 @@ def measure(corpus: Path, *, workers: int, repeats: int, scratch: Path, peer=Non
     for r in range(repeats):
         order = run.rotated(list(steps_of), r)
         for key in order:
+            load = os.getloadavg()[0]  # this machine is shared: what else ran is part of the figure
             runs[key].append(steps_of[key]())
             runs[key][-1].pop("prefix", None)
+            runs[key][-1]["load_1m_before"] = load
             print(f"  tokenizers repeat {r + 1}/{repeats}: {key} {runs[key][-1]['tokens_per_s'] / 1e6:.2f} M tokens/s "
                   f"({runs[key][-1]['tokens']:,} tokens, {runs[key][-1]['seconds']:.1f} s)", file=sys.stderr, flush=True)
     shutil.rmtree(scratch / "megatron", ignore_errors=True)
@@ -349,6 +351,10 @@ def describe(m: dict) -> list[str]:
         lines.append(f"    whole command: {vs}; tokens/s {r['tokens_per_s_vs_our_gpt2']:.2f} of our gpt2's "
                      f"(text/s {r['text_rate_vs_our_gpt2']:.2f}; {r['tokens_per_byte']:.3f} tokens a byte)")
         lines.append("    tokens written: " + ", ".join(f"{k} {v:,}" for k, v in r["tokens"].items()))
+        loads = sorted(x["load_1m_before"] for k, v in m["runs"].items() if k.startswith(f"{c}_") for x in v
+                       if "load_1m_before" in x)
+        if loads:
+            lines.append(f"    1-minute load before its runs: {loads[0]:.1f}-{loads[-1]:.1f} (median {statistics.median(loads):.1f})")
         lines.append("    targets: " + "; ".join(f"{k}: {'-' if ok is None else 'ok' if ok else 'MISSED'}"
                                               for k, ok in r["targets"].items()))
     return lines
