@@ -45,7 +45,7 @@ def _one_line(code: int, printed: str, *needles: str) -> str:
 def corpus(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("more-in")
     write_parquet(root / "a.parquet", {"text": [f"document {i}: " + "words and more words " * (5 + i % 40)
-                                                for i in range(400)]}, row_group_size=50)
+                                                for i in range(400)]}, row_group_size=20)
     return root / "a.parquet"
 
 
@@ -102,14 +102,21 @@ def test_the_plot_counts_whole_documents(tmp_path):
 def _interrupt_when(argv: list[str], seen: str, *, timeout: int = TIMEOUT, signum: int = signal.SIGINT) -> tuple[int, str]:
     """Run the command, send ``signum`` to it alone (as a terminal's Ctrl-C reaches it: its workers
     ignore SIGINT) once its stderr shows ``seen``; its exit code and everything it printed."""
+    return _act_when(argv, seen, lambda proc: proc.send_signal(signum), timeout=timeout)
 
+
+def _act_when(argv: list[str], seen: str, act, *, timeout: int = TIMEOUT) -> tuple[int, str]:
+    """Run the command and call ``act(proc)`` once, when its stderr first shows ``seen``; its exit
+    code and everything it printed."""
     err: list[str] = []
     with subprocess.Popen([TOKENSHARDS, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         def read():
+            acted = False
             for line in proc.stderr:
                 err.append(line)
-                if seen in line and proc.poll() is None:
-                    proc.send_signal(signum)
+                if seen in line and not acted and proc.poll() is None:
+                    acted = True
+                    act(proc)
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
@@ -282,3 +289,46 @@ def test_verify_deep_never_echoes_an_inputs_size_or_time(small_run, tmp_path, ta
     else:
         want = "is not a regular file (a FIFO); it is not opened" if target == "fifo" else "is not a parquet file"
         assert about == [f"problem: input {path}: {want}; --deep compared none of its documents"], printed
+
+
+# -- error paths that give up futures print one line, none of distributed's noise -------------------------
+
+def test_a_damaged_part_under_a_tree_of_tasks_is_one_line(small_run, tmp_path):
+    """A docs file damaged in place (its size kept) fails one leaf of the validation tree (more
+    than 8 partitions: inner nodes no client holds). Cancelling that tree tripped ``assert
+    ts.who_wants`` in distributed's scheduler: "Task exception was never retrieved" and a traceback
+    before the error; and the cause's own line break split the error line."""
+    copy = tmp_path / "copy"
+    shutil.copytree(small_run, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    assert len(manifest["partitions"]) > 8, "the validation tree needs an inner level"
+    victim = copy / manifest["partitions"][len(manifest["partitions"]) // 2]["docs_file"]
+    raw = bytearray(victim.read_bytes())
+    raw[8:len(raw) - 200] = b"\xff" * (len(raw) - 208)
+    victim.write_bytes(bytes(raw))
+    for shuffle in ((), ("--shuffle",)):
+        code, printed = _cli("export", str(copy), "--format", "npy", "--to", str(tmp_path / "dest"), "--val-tokens", "100",
+                             "--workers", "2", *shuffle, *QUIET)
+        line = _one_line(code, printed, victim.name, "unreadable")
+        assert printed.rstrip().endswith(line) and "AssertionError" not in printed, printed
+
+
+@pytest.mark.parametrize("replacement", ["gone", "another run"])
+def test_an_export_whose_run_is_replaced_while_it_reads_says_so(small_run, tmp_path, replacement):
+    """What `tokenize --overwrite` of the run does to an export reading it, made certain: once the
+    export's cluster is up (its manifest read), the run goes away, or another run takes its place.
+    One line saying the run was replaced (not "the output is damaged"), no record written."""
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    dest = tmp_path / "dest"
+
+    def replace(proc):
+        os.rename(run, tmp_path / "old")
+        if replacement == "another run":
+            shutil.copytree(tmp_path / "old", run)  # same files, a new manifest.json (what a rerun writes)
+
+    code, printed = _act_when(["export", str(run), "--format", "npy", "--to", str(dest), "--val-tokens", "100",
+                               "--workers", "2", *QUIET], "dashboard:", replace)
+    _one_line(code, printed, f"{run} was replaced while it was read",
+              "is gone" if replacement == "gone" else "changed", "export it again")
+    assert "damaged" not in printed and not (dest / "fineweb_export.json").exists(), printed

@@ -496,7 +496,9 @@ def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> in
     except UserError as e:
         if args.debug:
             traceback.print_exc()
-        print(f"tokenshards: error: {e}", file=sys.stderr)
+        # One line, whatever a cause's text held (pyarrow's end in a line break).
+        print("tokenshards: error: " + " ".join(line.strip() for line in str(e).splitlines() if line.strip()),
+              file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         if interrupt.terminated():

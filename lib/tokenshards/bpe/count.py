@@ -189,7 +189,7 @@ def count_on_cluster(client: Client, pieces: list[Piece], *, pat_str: str, text_
         return runner.result_of(client, root, explain=lambda e: UserError(f"combining pre-token counts failed: "
                                                                           f"{type(e).__name__}: {e}"))
     except BaseException:
-        client.cancel([*nodes.values(), *waiting.values(), *([root] if root is not None else [])])
+        runner.drop([*nodes.values(), *waiting.values(), *([root] if root is not None else [])])
         raise
 
 

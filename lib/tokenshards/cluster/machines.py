@@ -201,7 +201,8 @@ def blind_machines(client, uses: Iterable[PathUse]) -> dict[PathUse, list[str]]:
             wait(futures, timeout=PROBE_TIMEOUT)
             results = client.gather(futures)
         except TimeoutError as e:
-            client.cancel(futures)
+            for future in futures:  # released, as runner.drop does (machines is imported by runner)
+                future.release()
             raise UserError(f"the workers on {', '.join(m.name for m in machines)} did not answer a check of the local "
                             f"paths within {PROBE_TIMEOUT:.0f} s; are they busy with another job?") from e
     finally:

@@ -3,7 +3,7 @@
 Every job is a short script of its own steps around three calls: ``connect_to`` (a client from
 the job's run options), ``submit`` (a function over work items, one task each), and
 ``each_result`` / ``gather`` (results as they finish, with progress, the Ctrl-C flag checked
-between them, every task cancelled when anything goes wrong, and a failed task turned into one
+between them, every task given up (``drop``) when anything goes wrong, and a failed task turned into one
 ``UserError`` line that names its item). ``each_result_as_ready`` is the same loop for items
 that may not all go at once: some wait for a key (their input still arriving), some are kept in
 a ``Lane`` (one machine's workers, a few at a time). ``reduce_tree`` combines results on the
@@ -49,6 +49,20 @@ def submit(client: Client, fn: Callable, items: Sequence, *more: Sequence, retri
     return client.map(fn, list(items), *map(list, more), pure=False, retries=retries, **kwargs)
 
 
+def drop(futures: Iterable[Future]) -> None:
+    """Give up ``futures`` on an error path: each released, so that the scheduler forgets what no
+    one else wants (tasks not yet run never run; a running one is let go).
+
+    Not ``client.cancel``: cancelling a key cancels its dependents too, and a dependent no client
+    holds any more (a tree's inner node, whose future was dropped once the next level was built;
+    a finished result this client released) trips ``assert ts.who_wants`` in distributed 2026.8's
+    ``Scheduler.stimulus_cancel``. The scheduler then drops this client's stream and asyncio
+    prints "Task exception was never retrieved ... AssertionError" with a traceback before the
+    command's one-line error."""
+    for future in futures:
+        future.release()
+
+
 def failure(describe: Callable[[Any], str]) -> Callable[[Any, Exception], UserError]:
     """The default one-line error for a failed task: ``<what the item is> failed: <cause>``."""
     def explain(item, e: Exception) -> UserError:
@@ -86,7 +100,7 @@ def each_result(client: Client, futures: Sequence[Future], items: Sequence[Item]
                 progress.update(amount(item, result))
             future.release()  # a finished result is the caller's now: free it on the worker
     except BaseException:
-        client.cancel(list(futures))
+        drop(futures)
         raise
     finally:
         if progress is not None:
@@ -217,7 +231,7 @@ def each_result_as_ready(client: Client, items: Sequence[Item], submit: Callable
                     future.release()
             launch()
     except BaseException:
-        client.cancel(list(live.values()))
+        drop(live.values())
         raise
     finally:
         if progress is not None:
@@ -276,14 +290,16 @@ def reduce_tree(client: Client, leaves: Sequence[Future], combine: Callable, *, 
 
 def result_of(client: Client, future: Future, *, explain: Callable[[Exception], UserError],
               also_cancel: Sequence[Future] = ()) -> Any:
-    """One future's result (a tree's root); any error is ``explain``-ed and cancels ``also_cancel``
-    too. (Only on error: cancelling the finished leaves of a finished tree trips an assertion in
-    distributed 2026.8's scheduler, which then drops the client's connection.)"""
+    """One future's result (a tree's root); any error is ``explain``-ed and gives up ``also_cancel``
+    too (``drop``: released, never ``client.cancel``-ed, which trips an assertion in distributed's
+    scheduler for a tree whose inner nodes no client holds)."""
     try:
         return future.result()
     except UserError:
-        client.cancel([future, *also_cancel])
+        drop([future, *also_cancel])
         raise
-    except Exception as e:
-        client.cancel([future, *also_cancel])
+    except BaseException as e:
+        drop([future, *also_cancel])
+        if not isinstance(e, Exception):  # Ctrl-C: as it is
+            raise
         raise explain(e) from e

@@ -19,7 +19,8 @@ from ..cluster import machines, runner
 from ..errors import UserError
 from ..format.reader import open_manifest
 from ..storage.lease import Lease
-from ..storage.store import filesystem, is_local
+from ..format import v1
+from ..storage.store import file_identity, filesystem, is_local, join
 from . import valsplit
 from .common import (RECORD_FORMAT, ExportSummary, check_destination, dest_lease, finish, prepare_dest, record_settings, val_candidates,
                      write_files)
@@ -38,7 +39,7 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
 
         return run_publish(PublishConfig(export=config), announce=announce)
     check_destination(config)
-    with _made_here(config):
+    with _made_here(config), _runs_kept(config):
         if config.shuffled:
             from .shuffle import run_shuffled_export
 
@@ -48,6 +49,50 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
         _, _, manifest = open_manifest(config.out, config.storage_options)
         with dest_lease(config, announce=announce) as lease:
             return _export_owned(config, manifest, lease, t0=t0, announce=announce)
+
+
+@contextlib.contextmanager
+def _runs_kept(config: ExportConfig):
+    """An export that fails because a run it reads was replaced meanwhile (``tokenize --overwrite``
+    of it: its part files vanish under the workers) says so, rather than that the run is damaged:
+    each run's manifest.json, as it was when the export began, is looked at again. One that
+    finished meanwhile is refused the same way, its record removed: it may hold both runs' tokens."""
+    before = {run: _manifest_identity(run, config.storage_options) for run in config.runs}
+
+    def replaced() -> UserError | None:
+        for run, was in before.items():
+            now = _manifest_identity(run, config.storage_options)
+            if was is not None and now != was:
+                return UserError(f"{run} was replaced while it was read (its {v1.MANIFEST} "
+                                 f"{'is gone' if now is None else 'changed'} since this export began: another "
+                                 "command, such as tokenize --overwrite, is writing there); export it again once "
+                                 "that run has finished")
+        return None
+
+    try:
+        yield
+    except Exception as e:
+        error = replaced()
+        if error is not None:
+            raise error from e
+        raise
+    error = replaced()
+    if error is not None:  # read through: some files may be the old run's, some the new one's
+        dest_fs, dest_root = filesystem(config.to, config.storage_options)
+        with contextlib.suppress(OSError):  # no record: nothing looks like a finished export
+            dest_fs.rm(join(dest_root, config.fmt.record_name(config.name_prefix)))
+        raise error
+
+
+def _manifest_identity(run: str, storage_options: dict | None):
+    """Which manifest.json a run holds now (store.file_identity; an inode too, locally), or None."""
+    fs, root = filesystem(run, storage_options)
+    path = join(root, v1.MANIFEST)
+    try:
+        identity = file_identity(fs, path)
+        return (*identity, ("inode", os.stat(path).st_ino)) if is_local(fs) else identity
+    except (OSError, ValueError):
+        return None
 
 
 @contextlib.contextmanager
