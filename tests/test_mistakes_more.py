@@ -332,3 +332,115 @@ def test_an_export_whose_run_is_replaced_while_it_reads_says_so(small_run, tmp_p
     _one_line(code, printed, f"{run} was replaced while it was read",
               "is gone" if replacement == "gone" else "changed", "export it again")
     assert "damaged" not in printed and not (dest / "fineweb_export.json").exists(), printed
+
+
+# -- every command's failure cases, none with a traceback ---------------------------------------------------
+
+def _hostile_copies(run: Path, root: Path) -> dict[str, Path]:
+    """Copies of a real run, each broken as tests/test_hostile.py breaks them."""
+    copies = {}
+
+    def copy(name: str, change=None) -> Path:
+        out = root / name
+        shutil.copytree(run, out)
+        if change is not None:
+            manifest = json.loads((out / "manifest.json").read_text())
+            change(manifest)
+            (out / "manifest.json").write_text(json.dumps(manifest))
+        copies[name] = out
+        return out
+
+    copy("negative", lambda m: m["partitions"][0].__setitem__("tokens", -5))
+    copy("huge", lambda m: m["partitions"][0].__setitem__("tokens", 10**30))
+    copy("dtype", lambda m: m["encoding"].__setitem__("dtype", "float64"))
+    copy("passwd", lambda m: m["partitions"][0].__setitem__("tokens_file", "/etc/passwd"))
+    copy("escape", lambda m: m["partitions"][1].__setitem__("docs_file", "../x/parts/part-00000.docs.parquet"))
+    fifo = copy("fifo")
+    (fifo / "manifest.json").unlink()
+    os.mkfifo(fifo / "manifest.json")
+    return copies
+
+
+def test_no_command_prints_a_traceback_for_a_mistake(corpus, small_run, tmp_path):
+    """Every command's documented failure cases (tests/test_hostile.py, tests/test_everyday_mistakes.py
+    and a few more): each exits non-zero, and none prints a Python traceback or distributed's
+    "Task exception was never retrieved"."""
+    bad = _hostile_copies(small_run, tmp_path / "hostile")
+    a_file = tmp_path / "taken.txt"
+    a_file.write_text("mine")
+    data = corpus.parent
+    nothing = str(tmp_path / "nothing")
+    offline = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    no_scheduler = ("--scheduler", "tcp://127.0.0.1:9")
+    cases: dict[str, tuple[list[str], dict | None]] = {
+        # tokenize
+        "tokenize: no such input": (["tokenize", "--input", nothing, "--out", str(tmp_path / "o1"), *QUIET], None),
+        "tokenize: unknown encoding": (["tokenize", "--input", str(corpus), "--out", str(tmp_path / "o2"),
+                                        "--encoding", "nosuch", *QUIET], None),
+        "tokenize: no such text column": (["tokenize", "--input", str(corpus), "--out", str(tmp_path / "o3"),
+                                           "--text-column", "nosuch", "--workers", "1", *QUIET], None),
+        "tokenize: --out inside --input": (["tokenize", "--input", str(data), "--out", str(data / "out"), *QUIET], None),
+        "tokenize: --out an existing file": (["tokenize", "--input", str(corpus), "--out", str(a_file), *QUIET], None),
+        "tokenize: --partition-mb nan": (["tokenize", "--input", str(corpus), "--out", str(tmp_path / "o4"),
+                                          "--partition-mb=nan", *no_scheduler], None),
+        "tokenize: --dashboard-address notaport": (["tokenize", "--input", str(corpus), "--out", str(tmp_path / "o5"),
+                                                    "--dashboard-address", "notaport"], None),
+        "tokenize: the dashboard's URL as --scheduler": (["tokenize", "--input", str(corpus), "--out",
+                                                          str(tmp_path / "o6"), "--scheduler", "http://127.0.0.1:8787"], None),
+        "tokenize: --scheduler with --workers": (["tokenize", "--input", str(corpus), "--out", str(tmp_path / "o7"),
+                                                  *no_scheduler, "--workers", "4"], None),
+        "tokenize: misspelled option": (["tokenize", "--inptu", str(corpus), "--out", str(tmp_path / "o8")], None),
+        "tokenize: more --encoding than --out": (["tokenize", "--input", str(corpus), "--out", str(tmp_path / "o9"),
+                                                  "--encoding", "gpt2", "cl100k_base"], None),
+        "tokenize: a hostile done record's run": (["tokenize", "--input", str(corpus), "--out", str(bad["negative"]),
+                                                   *no_scheduler], None),
+        # export
+        "export: no such run": (["export", nothing, "--format", "npy", "--to", str(tmp_path / "e1")], None),
+        "export: --to an existing file": (["export", str(small_run), "--format", "npy", "--to", str(a_file)], None),
+        "export: --to the run itself": (["export", str(small_run), "--format", "npy", "--to", str(small_run / "parts")], None),
+        "export: --tokens 1T": (["export", str(small_run), "--format", "npy", "--to", str(tmp_path / "e2"),
+                                 "--tokens", "1T", "--workers", "1", *QUIET], None),
+        "export: --val-tokens over the run": (["export", str(small_run), "--format", "npy", "--to", str(tmp_path / "e3"),
+                                               "--val-tokens", "10G", *QUIET], None),
+        "export: --staging without hf://": (["export", str(small_run), "--format", "npy", "--to", str(tmp_path / "e4"),
+                                             "--staging", str(tmp_path / "s")], None),
+        "export: unknown format": (["export", str(small_run), "--format", "nosuch", "--to", str(tmp_path / "e5")], None),
+        **{f"export: hostile manifest ({name})": (["export", str(path), "--format", "llmc", "--to", str(tmp_path / f"e-{name}"),
+                                                   "--val-tokens", "100", *no_scheduler], None)
+           for name, path in bad.items()},
+        "export --shuffle: negative counts": (["export", str(bad["negative"]), "--format", "npy", "--shuffle", "--to",
+                                               str(tmp_path / "e6"), *no_scheduler], None),
+        # verify
+        "verify: no such folder": (["verify", nothing, *no_scheduler], None),
+        "verify: an input folder": (["verify", str(data), *no_scheduler], None),
+        "verify: --deep -1": (["verify", str(small_run), "--deep", "-1"], None),
+        "verify: --dashboard-address :99999": (["verify", str(small_run), "--dashboard-address=:99999"], None),
+        **{f"verify: hostile manifest ({name})": (["verify", str(path), *no_scheduler], None) for name, path in bad.items()},
+        # inspect
+        "inspect: no such folder": (["inspect", nothing], None),
+        "inspect: --plot lengths.gif": (["inspect", str(small_run), "--plot", str(tmp_path / "lengths.gif")], None),
+        **{f"inspect: hostile manifest ({name})": (["inspect", str(path)], None) for name, path in bad.items()},
+        # train-bpe
+        "train-bpe: no such input": (["train-bpe", "--input", nothing, "--out", str(tmp_path / "v.tiktoken")], None),
+        "train-bpe: --vocab-size 10": (["train-bpe", "--input", str(corpus), "--out", str(tmp_path / "v.tiktoken"),
+                                        "--vocab-size", "10"], None),
+        "train-bpe: --out under a file": (["train-bpe", "--input", str(corpus), "--out", str(a_file / "v.tiktoken")], None),
+        "train-bpe: a broken --pattern": (["train-bpe", "--input", str(corpus), "--out", str(tmp_path / "v.tiktoken"),
+                                           "--pattern", "("], None),
+        # download
+        "download: no --dataset": (["download"], None),
+        "download: the Hub unreachable": (["download", "--dataset", "nosuch/repo", "--size", "10B", "--to",
+                                           str(tmp_path / "dl")], offline),
+        # demo-corpus
+        "demo-corpus: --to an existing file": (["demo-corpus", "--to", str(a_file)], None),
+        "demo-corpus: --to where no folder can be made": (["demo-corpus", "--to", "/proc/tokenshards-demo"], None),
+        "no command at all": ([], None),
+    }
+    printed_tracebacks = {}
+    for name, (argv, env) in cases.items():
+        code, printed = _cli(*argv, env=env, timeout=120)
+        if code == 0 or "Traceback" in printed or "Task exception was never retrieved" in printed:
+            printed_tracebacks[name] = (code, printed[-2000:])
+    assert not printed_tracebacks, "\n\n".join(f"{name} (exit {code}):\n{text}"
+                                               for name, (code, text) in printed_tracebacks.items())
+    assert a_file.read_text() == "mine"

@@ -14,6 +14,8 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .errors import UserError
+
 FINEWEB_SCHEMA = pa.schema([
     ("text", pa.string()), ("id", pa.string()), ("dump", pa.string()), ("url", pa.string()),
     ("date", pa.string()), ("file_path", pa.string()), ("language", pa.string()),
@@ -55,7 +57,13 @@ def build_demo_corpus(out_dir: str | Path, *, files: int = 4, row_group_rows: in
     """Write ``files`` parquet shards (FineWeb schema) to ``out_dir``; returns their paths.
     Deterministic: the same Python gives the same bytes."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--to {out_dir}: is an existing file, not a folder; choose a folder (it is made if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--to {out_dir}: cannot make the folder ({type(e).__name__}: {e.strerror or e}); "
+                        "choose another folder or fix its permissions") from e
     docs = list(help_topics()) + list(stdlib_docstrings())
     paths = []
     for shard in range(files):
@@ -73,7 +81,12 @@ def build_demo_corpus(out_dir: str | Path, *, files: int = 4, row_group_rows: in
         }, schema=FINEWEB_SCHEMA)
         path = out / f"000_{shard:05d}.parquet"
         tmp = path.with_suffix(".parquet.tmp")
-        pq.write_table(table, tmp, row_group_size=row_group_rows)
-        tmp.replace(path)
+        try:
+            pq.write_table(table, tmp, row_group_size=row_group_rows)
+            tmp.replace(path)
+        except (OSError, pa.ArrowException) as e:
+            tmp.unlink(missing_ok=True)
+            raise UserError(f"--to {out_dir}: cannot write {path.name} ({type(e).__name__}: {e}); "
+                            "free some space or choose another folder") from e
         paths.append(path)
     return paths
