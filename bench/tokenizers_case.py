@@ -306,7 +306,9 @@ def summarize(runs: dict, cases, *, text_bytes: int, workers: int, repeats: int,
     gpt2_mb_s = statistics.median(text_bytes / r["seconds"] / 1e6 for r in gpt2)
     out = {"workers": workers, "repeats": repeats, "text_bytes": text_bytes, "peer_megatron": peer,
            "tokenizer_folders": folders, "medians_tokens_per_s": medians,
-           "ours_gpt2": {"tokens": gpt2[0]["tokens"], "text_mb_per_s": gpt2_mb_s}, "cases": {}, "runs": runs}
+           "ours_gpt2": {"tokens": gpt2[0]["tokens"], "text_mb_per_s": gpt2_mb_s,
+                         "cpu_seconds_per_m_tokens": median(gpt2, "cpu_seconds") / (gpt2[0]["tokens"] / 1e6)},
+           "cases": {}, "runs": runs}
     for c in cases:
         ours = runs[f"{c}_ours"]
         mb_s = statistics.median(text_bytes / r["seconds"] / 1e6 for r in ours)
@@ -320,7 +322,15 @@ def summarize(runs: dict, cases, *, text_bytes: int, workers: int, repeats: int,
             theirs = runs.get(f"{c}_{peer_key}")
             if theirs:
                 res[f"whole_command_vs_{peer_key}"] = ratio(ours, "tokens_per_s", theirs)
-                res[f"tokenizing_phase_vs_{peer_key}"] = ratio(ours, "phase_tokens_per_s", theirs)
+        # Our tokenizing phase against what the others time of themselves: the bare loops' encode
+        # call, Megatron's own "Elapsed time" (datatrove's whole run is all it reports).
+        for peer_key, their_key in (("bare_gigatoken", "tokens_per_s"), ("bare_splintr", "tokens_per_s"),
+                                    ("megatron", "own_timer_tokens_per_s")):
+            theirs = runs.get(f"{c}_{peer_key}")
+            if theirs:
+                res[f"tokenizing_phase_vs_{peer_key}" + ("_own_timer" if peer_key == "megatron" else "")] = ratio(
+                    ours, "phase_tokens_per_s", theirs, their_key)
+        res["cpu_seconds_per_m_tokens"] = median(ours, "cpu_seconds") / (ours[0]["tokens"] / 1e6)
         res["targets"] = {
             "vs_datatrove_3x": _ok(res.get("whole_command_vs_datatrove"), TARGETS["vs_datatrove"]),
             "vs_megatron_1.4x": _ok(res.get("whole_command_vs_megatron"), TARGETS["vs_megatron"]),
