@@ -144,14 +144,19 @@ GIGATOKEN_PRETOKENIZERS = {
     r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""": "gpt2",
     # cl100k_base's
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""": "gpt4",
-    # Not Meta's Llama 3 (cl100k's pattern without possessive quantifiers): gigatoken 0.10's
-    # from_tiktoken panics on its rank file ("assertion left == right", tiktoken.rs:614), so
-    # splintr takes it.
     # Meta's Llama 4 (llama_models.llama4.tokenizer.Tokenizer.O200K_PATTERN)
     r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "o200k",
 }
 """gigatoken splits text with hand-written pretokenizers, one per known pattern, not with a regex:
 it can stand in for tiktoken only where the encoding's pattern is one of these."""
+
+GIGATOKEN_THROUGH_JSON = {
+    # Meta's Llama 3 (llama_models.llama3.tokenizer.Tokenizer.pat_str), Llama 3.1's tokenizer.json's too
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""",
+}
+"""Patterns gigatoken knows from a tokenizer.json but not from a rank file: gigatoken 0.10's
+``from_tiktoken`` panics on Meta's Llama 3 ranks ("assertion left == right", tiktoken.rs:614), so
+they go through ``tojson.tokenizer_json`` (exact: tested on Meta's ranks) and ``from_json``."""
 
 
 class GigatokenBackend:
@@ -173,11 +178,17 @@ class GigatokenBackend:
 
         if make is None:
             pretokenizer = GIGATOKEN_PRETOKENIZERS.get(params["pat_str"])
-            if pretokenizer is None:
-                raise ValueError("gigatoken has no pretokenizer for this encoding's split pattern")
-            from .ranks import dump_ranks
+            if pretokenizer is not None:
+                from .ranks import dump_ranks
 
-            make = functools.partial(_gigatoken_from_ranks, dump_ranks(params["mergeable_ranks"]), pretokenizer)
+                make = functools.partial(_gigatoken_from_ranks, dump_ranks(params["mergeable_ranks"]), pretokenizer)
+            elif params["pat_str"] in GIGATOKEN_THROUGH_JSON:
+                from .tojson import tokenizer_json
+
+                # Converted once (~1-4 s for 128k ranks); a rebuild only parses it again.
+                make = functools.partial(_gigatoken_from_json, tokenizer_json(params["mergeable_ranks"], params["pat_str"], {}))
+            else:
+                raise ValueError("gigatoken has no pretokenizer for this encoding's split pattern")
             eot_token = params["special_tokens"].get("<|endoftext|>")
         self._make = make
         self.cache_bound = cache_bound
@@ -233,6 +244,12 @@ class GigatokenBackend:
         if self._kept > self.cache_bound:
             self._build()
             self.rebuilds += 1
+
+
+def _gigatoken_from_json(text: str):
+    import gigatoken
+
+    return gigatoken.Tokenizer.from_json(text)
 
 
 def _gigatoken_from_ranks(vocab: bytes, pretokenizer: str):
