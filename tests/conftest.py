@@ -17,6 +17,9 @@ from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.tokenize.job import run_tokenize
 
+pytest_plugins = ("tokenizerfiles", "gcsserver", "azurite")
+"""Fixtures that live beside their helpers: the real tokenizer files, the GCS emulator, Azurite."""
+
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_semaphores():

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from azurite import AzureServer, azure  # noqa: F401  (the fixture)
+from azurite import AzureServer  # its `azure` fixture comes through conftest.pytest_plugins
 from readback import expected_tokens, read_documents
 from s3server import free_port
 from test_s3 import FailingBytes, big_corpus, check_against_tiktoken, part_files, write_corpus

@@ -12,11 +12,10 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from gcsserver import GCSServer, gcs  # noqa: F401  (the fixture)
+from gcsserver import GCSServer  # its `gcs` fixture comes through conftest.pytest_plugins
 from readback import expected_tokens, read_documents
 from s3server import free_port
 from test_s3 import FailingBytes, big_corpus, check_against_tiktoken, part_files, write_corpus

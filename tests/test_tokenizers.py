@@ -26,7 +26,7 @@ import pytest
 from pydoc_data.topics import topics
 from readback import read_documents
 from test_export import read_llmc, read_megatron
-from tokenizerfiles import Reference, references, sha256_of, tokenizer_files  # noqa: F401  (fixtures)
+from tokenizerfiles import Reference, sha256_of  # its fixtures come through conftest.pytest_plugins
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 CLI_TIMEOUT = 240
