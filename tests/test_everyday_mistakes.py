@@ -167,3 +167,15 @@ def test_a_rerun_with_nothing_to_do_gives_no_rate_and_counts_its_start_up(small_
     said = re.fullmatch(r"\s+1 partition \(1 already committed\): nothing to tokenize, ([\d.]+) s", line)
     assert said, line
     assert float(said.group(1)) >= 0.7 * wall - 0.2, (said.group(1), wall)  # start-up included
+
+
+def test_an_error_text_is_cut_at_a_word():
+    from tokenshards.wording import brief
+
+    cause = ("HTTPSConnectionPool(host='huggingface.co', port=443): Max retries exceeded with url: /api/datasets "
+             "(Caused by NameResolutionError(\"<urllib3.connection.HTTPSConnection object at 0x7f0>: Failed to resolve "
+             "'huggingface.co' ([Errno -3] Temporary failure in name resolution)\"))")
+    short = brief(cause, 120)
+    assert len(short) <= 120 and short.endswith(" …") and cause.startswith(short[:-2])
+    assert cause.split()[len(short[:-2].split()) - 1] == short[:-2].split()[-1]  # the last word is whole
+    assert brief("two\nlines") == "two lines"

@@ -23,6 +23,7 @@ import tiktoken
 from distributed import WorkerPlugin, get_worker
 
 from ..errors import UserError
+from ..wording import brief
 from .boundaries import Boundaries
 from .ranks import load_trained
 
@@ -263,7 +264,7 @@ def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: No
     except Exception as e:  # no network, proxy refusal, DNS failure...: all look different
         if name not in OFFLINE_COPIES:
             raise UserError(
-                f"encoding {name!r} could not be loaded ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                f"encoding {name!r} could not be loaded ({type(e).__name__}: {brief(e, 160)}); "
                 f"offline copies exist only for {', '.join(OFFLINE_COPIES)}: set TIKTOKEN_CACHE_DIR to a folder holding its rank files"
             ) from e
         with _tiktoken_cache_dir(prepare_offline_cache(name)):

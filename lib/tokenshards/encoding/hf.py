@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from ..wording import brief
 from .boundaries import Boundaries
 from .encoders import SourceFile
 from .library import LibraryTokenizer, flat_ids, read_file, sha256
@@ -173,6 +174,6 @@ def load_file(path: Path, *, name: str, source: str) -> HFTokenizer:
     try:
         loaded._tokenizer
     except Exception as e:  # tokenizers' own parse error: a newer format, a damaged file
-        raise UserError(f"{path}: the tokenizers library cannot load it ({str(e).splitlines()[0][:200]}); "
+        raise UserError(f"{path}: the tokenizers library cannot load it ({brief(e)}); "
                         "upgrade tokenizers, or check the file") from e
     return loaded

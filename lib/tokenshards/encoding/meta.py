@@ -15,6 +15,7 @@ from pathlib import Path
 import tiktoken
 
 from ..errors import UserError
+from ..wording import brief
 from .encoders import LoadedEncoding, SourceFile
 from .ranks import parse_ranks
 
@@ -54,7 +55,7 @@ def load(family: str, path: str | None = None) -> LoadedEncoding:
         meta = meta_class(file)  # Meta's own class: its special tokens follow the file's last rank
     except Exception as e:  # noqa: BLE001  (whatever Meta's class raises for a file not of its family)
         raise UserError(f"--encoding {family}:{file}: Meta's {family} tokenizer cannot load it "
-                        f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''})") from e
+                        f"({type(e).__name__}: {brief(e, 160)})") from e
     name = family if path is None else f"{family}:{path}"
     params = {"name": name, "pat_str": getattr(meta_class, pattern_attr), "mergeable_ranks": ranks,
               "special_tokens": dict(meta.special_tokens)}

@@ -9,6 +9,7 @@ from ..cluster import runner
 from ..errors import UserError
 from ..storage.sources import Source
 from ..tokenize.plan import BadInput, InputFile, read_input_or_bad
+from ..wording import brief
 from .base import FooterRequest, Inputs
 
 
@@ -35,5 +36,5 @@ def read_footers(client: Client, sources: list[Source], request: FooterRequest) 
 
 def _unreachable_input(source: Source, e: Exception) -> UserError:
     """botocore's own errors on a worker: no credentials there, no route to the store."""
-    return UserError(f"{source.url}: a worker could not read it ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+    return UserError(f"{source.url}: a worker could not read it ({type(e).__name__}: {brief(e)}); "
                      "check that every worker has credentials and network access to the inputs")

@@ -11,6 +11,7 @@ from typing import Callable, TypeVar
 import httpx2
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 
+from ...wording import brief
 from ..hubspec import HubDataset
 
 TRANSIENT_STATUS = (408, 429, 500, 502, 503, 504)
@@ -67,5 +68,4 @@ def retry_call(call: Callable[[], T], *, retries: int, backoff: float,
 
 def first_line(e: BaseException) -> str:
     """An error as one short line for a message: its type and the start of its text."""
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:200]}"
+    return f"{type(e).__name__}: {brief(e)}"
