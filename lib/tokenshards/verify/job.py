@@ -216,6 +216,8 @@ def _not_parquet(url: str, storage_options: dict) -> str | None:
     """Why a local input is no parquet file for --deep to read (not a regular file, too short,
     no ``PAR1`` at both ends), or None; said without its size, time or bytes. A missing file,
     and inputs on object stores, are left to the workers' own check (``_input_change``)."""
+    if "://" in url and not url.startswith("file://"):  # a store, or hfcache:// (known to the workers' plugin only)
+        return None
     fs, path = filesystem(url, storage_options)
     if not is_local(fs):
         return None
