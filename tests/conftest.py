@@ -75,6 +75,16 @@ def tokenize(cluster, tmp_path):
     return run
 
 
+def download(fs, prefix: str, dest: Path) -> list[str]:
+    """Every object under ``prefix`` of an fsspec store copied below ``dest``; their keys relative to it."""
+    keys = sorted(fs.find(prefix))
+    for key in keys:
+        target = dest / key[len(prefix) + 1:]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(fs.cat_file(key))
+    return [k[len(prefix) + 1:] for k in keys]
+
+
 def write_parquet(path: Path, columns: dict, *, row_group_size: int | None = None, schema: pa.Schema | None = None) -> Path:
     """A parquet file from plain Python columns."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from azurite import AzureServer  # its `azure` fixture comes through conftest.pytest_plugins
+from conftest import download
 from readback import expected_tokens, read_documents
 from s3server import free_port
 from test_s3 import FailingBytes, big_corpus, check_against_tiktoken, part_files, write_corpus
@@ -27,15 +28,6 @@ from tokenshards.storage import store
 from tokenshards.storage.lease import Lease, LeaseHeld, LeaseLost, _AzureOps, _Conflict
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.job import run_tokenize
-
-
-def download(fs, prefix: str, dest: Path) -> list[str]:
-    keys = sorted(fs.find(prefix))
-    for key in keys:
-        target = dest / key[len(prefix) + 1:]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(fs.cat_file(key))
-    return [k[len(prefix) + 1:] for k in keys]
 
 
 def config(azure: AzureServer, cluster, inputs, out, **options) -> TokenizeConfig:

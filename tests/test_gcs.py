@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import download
 from gcsserver import GCSServer  # its `gcs` fixture comes through conftest.pytest_plugins
 from readback import expected_tokens, read_documents
 from s3server import free_port
@@ -26,15 +27,6 @@ from tokenshards.storage import store
 from tokenshards.storage.lease import Lease, LeaseHeld, LeaseLost, _Conflict, _GCSOps
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.job import run_tokenize
-
-
-def download(fs, prefix: str, dest: Path) -> list[str]:
-    keys = sorted(fs.find(prefix))
-    for key in keys:
-        target = dest / key[len(prefix) + 1:]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(fs.cat_file(key))
-    return [k[len(prefix) + 1:] for k in keys]
 
 
 def config(gcs: GCSServer, cluster, inputs, out, **options) -> TokenizeConfig:
