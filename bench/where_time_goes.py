@@ -29,11 +29,12 @@ def steps() -> dict[str, list[tuple]]:
     from tokenshards.encoding import backends
     from tokenshards.format import v1
     from tokenshards.storage import store
+    from tokenshards.corpus import read
     from tokenshards.tokenize import core, task
 
     return {
         "parquet decode": [(pq.ParquetFile.read_row_groups, None), (pq.ParquetFile.__init__, None)],
-        "UTF-8 validation": [(task._null_invalid_utf8, None)],
+        "UTF-8 validation": [(read._null_invalid_utf8, None)],
         "spot check (tiktoken)": [(backends.CheckedBackend._check, None)],
         "tokenizer": [(backends.GigatokenBackend.encode_arrow, None), (backends.GigatokenBackend.encode_many, None),
                       (backends.SplintrBackend.encode_many, None), (backends.TiktokenBackend.encode_many, None)],
@@ -72,7 +73,7 @@ def main() -> None:
 
     from tokenshards.encoding.backends import build_backend, choose
     from tokenshards.encoding.encoders import load_encoding, token_dtype
-    from tokenshards.tokenize.plan import plan_pieces, read_input_metadata
+    from tokenshards.corpus.plan import plan_pieces, read_input_metadata
     from tokenshards.tokenize.task import TaskSettings, tokenize_partition
 
     files = [read_input_metadata(p, p.rsplit("/", 1)[-1], text_column="text", id_column=None)

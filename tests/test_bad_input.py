@@ -142,7 +142,7 @@ def test_debug_shows_the_traceback(good, tmp_path):
 
 
 def test_a_path_workers_cannot_see_says_they_need_the_same_path(tmp_path):
-    from tokenshards.tokenize.plan import read_input_metadata
+    from tokenshards.corpus.plan import read_input_metadata
 
     with pytest.raises(InputError, match=r"gone\.parquet: file not found on a worker; workers must see the same path"):
         read_input_metadata(str(tmp_path / "gone.parquet"), "gone.parquet", text_column="text", id_column=None)

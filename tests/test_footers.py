@@ -11,9 +11,9 @@ from tokenshards.encoding.encoders import load_encoding
 from tokenshards.encoding.backends import TiktokenBackend
 from tokenshards.errors import InputChanged
 from tokenshards.format import v1
-from tokenshards.tokenize import footers
-from tokenshards.tokenize.footers import FooterCache
-from tokenshards.tokenize.plan import Piece, plan_pieces, read_input_metadata, submission_order
+from tokenshards.corpus import footers
+from tokenshards.corpus.footers import FooterCache
+from tokenshards.corpus.plan import Piece, plan_pieces, read_input_metadata, submission_order
 from tokenshards.tokenize.task import TaskSettings, tokenize_partition
 
 
@@ -71,8 +71,8 @@ def test_a_worker_parses_a_file_footer_once_and_a_replaced_file_is_refused(tmp_p
     pieces = plan_pieces([f], target_bytes=1)
     assert len(pieces) == 20
     monkeypatch.setattr(footers, "WORKER_FOOTERS", FooterCache())
-    import tokenshards.tokenize.task as task
-    monkeypatch.setattr(task, "WORKER_FOOTERS", footers.WORKER_FOOTERS)
+    import tokenshards.corpus.read as read
+    monkeypatch.setattr(read, "WORKER_FOOTERS", footers.WORKER_FOOTERS)
     parsed = _count_parses(monkeypatch)
     out = tmp_path / "out"
     settings = TaskSettings(out=str(out), storage_options={}, encoder=None, dtype="uint16", eot_position="prefix",

@@ -8,7 +8,7 @@ import pytest
 from distributed import Client, get_worker
 
 from tokenshards.cluster import runner
-from tokenshards.inputs.placement import Machine, Place, assign_files, group_machines
+from tokenshards.corpus.inputs.placement import Machine, Place, assign_files, group_machines
 
 
 def _place(host: str, view: str, target: str = "/hf", *, free: int = 10**12, present=()) -> Place:

@@ -223,7 +223,7 @@ def test_one_task_per_planned_partition_with_several_outputs(corpus, tmp_path):
 
     from tokenshards.encoding.encoders import EncoderPlugin
     from tokenshards.tokenize.job import DASK_SETTINGS, partition_tasks
-    from tokenshards.tokenize.plan import plan_pieces, read_input_metadata
+    from tokenshards.corpus.plan import plan_pieces, read_input_metadata
     from tokenshards.tokenize.task import TaskSettings
 
     paths = sorted(corpus.glob("*.parquet"))

@@ -152,7 +152,7 @@ def test_cli_unknown_encoding_is_one_line(corpus, tmp_path):
 
 def _pieces_and_settings(corpus, out, gpt2_loaded):
     from tokenshards.encoding.encoders import EncoderPlugin
-    from tokenshards.tokenize.plan import plan_pieces, read_input_metadata
+    from tokenshards.corpus.plan import plan_pieces, read_input_metadata
     from tokenshards.tokenize.task import TaskSettings
 
     paths = sorted((corpus / "demo").glob("*.parquet"))
@@ -185,7 +185,8 @@ def test_a_task_starts_when_its_read_starts(corpus, tmp_path, gpt2):
 
     from tokenshards.encoding.backends import TiktokenBackend
     from tokenshards.encoding.encoders import load_encoding
-    from tokenshards.tokenize.task import read_piece, write_partition
+    from tokenshards.corpus.read import read_piece
+    from tokenshards.tokenize.task import write_partition
 
     pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
     before = time.time()
@@ -295,8 +296,8 @@ def test_a_task_reads_the_same_columns_kept_or_looked_up(corpus, tmp_path, gpt2)
 
     from tokenshards.encoding.backends import TiktokenBackend
     from tokenshards.encoding.encoders import load_encoding
-    from tokenshards.tokenize.task import (KEPT_COLUMNS, piece_and_outputs, piece_columns, piece_frame, read_piece,
-                                           write_outputs)
+    from tokenshards.corpus.read import KEPT_COLUMNS, piece_columns, read_piece
+    from tokenshards.tokenize.task import piece_and_outputs, piece_frame, write_outputs
 
     pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
     frame = read_piece(pieces[1], text_column="text", storage_options={})
@@ -324,7 +325,8 @@ def test_frames_from_arrays_are_what_the_public_constructor_makes():
     import pyarrow as pa
     from types import SimpleNamespace
 
-    from tokenshards.tokenize.task import FRAME_META, PIECE_META, RESULT_META, ResultFrame, frame_of
+    from tokenshards.corpus.read import FRAME_META, frame_of
+    from tokenshards.tokenize.task import PIECE_META, RESULT_META, ResultFrame
 
     def objects(*values):
         column = np.empty(len(values), dtype=object)

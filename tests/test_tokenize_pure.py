@@ -8,7 +8,7 @@ from tokenshards.encoding.backends import (FAST_BACKENDS, SPOT_CHECK_CHARS, SPOT
                                            build_backend, choose, spot_check_sample, without_possessive_quantifiers)
 from tokenshards.errors import UserError
 from tokenshards.encoding.encoders import load_encoding
-from tokenshards.tokenize.plan import InputFile, plan_pieces
+from tokenshards.corpus.plan import InputFile, plan_pieces
 from tokenshards.tokenize.core import tokenize_column, tokenize_texts
 
 CL100K_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""

@@ -21,7 +21,7 @@ from tokenshards.bpe.merge import _order_key, train_merges
 from tokenshards.bpe.train import TrainBpeConfig, run_train_bpe, select_sample
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.errors import UserError
-from tokenshards.tokenize.plan import plan_pieces, read_input_metadata
+from tokenshards.corpus.plan import plan_pieces, read_input_metadata
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 WORDS = ["the", "tokenizer", "data", "river", "Straße", "über", "Grüße", "мир", "данные", "слово", "数据", "集合",

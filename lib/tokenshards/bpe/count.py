@@ -22,8 +22,8 @@ from distributed import Client
 from ..cluster import runner
 from ..cluster.progress import Progress
 from ..errors import UserError
-from ..tokenize.task import piece_columns, read_piece, unreadable_reason, utf8_or_null
-from ..tokenize.plan import Piece
+from ..corpus.plan import Piece
+from ..corpus.read import piece_columns, read_piece, unreadable_reason, utf8_or_null
 
 # tiktoken's own split patterns (tiktoken_ext/openai_public.py), copied because tiktoken builds
 # them only inside the constructors that also load the ranks.

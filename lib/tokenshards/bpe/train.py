@@ -19,9 +19,8 @@ from ..cluster.options import RunOptions
 from ..cluster.progress import Progress, human
 from ..errors import UserError
 from ..storage.hubspec import HubDataset
-from ..tokenize import corpus
-from ..tokenize.config import check_on_bad_file
-from ..tokenize.plan import Piece
+from ..corpus.gather import find_inputs, gather, open_inputs
+from ..corpus.plan import Piece, check_on_bad_file
 from ..encoding import ranks as ranks_io
 from ..encoding import tojson
 from ..storage.store import filesystem, is_local, write_atomic
@@ -204,17 +203,17 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks={bytes([b]): b for b in range(256)}, special_tokens={})
     except ValueError as e:
         raise UserError(f"--pattern: tiktoken cannot compile {pat_str!r} ({e}); use gpt2, cl100k or a regex it accepts") from e
-    sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
+    sources = find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
     # Downloads first (no overlap): nothing of it runs in the background for ``close`` to stop.
-    inputs = corpus.open_inputs(sources, hub=config.hub, options=config, announce=announce)
+    inputs = open_inputs(sources, hub=config.hub, options=config, announce=announce)
 
     with runner.connect_to(config, announce=announce,
                            local_paths=machines.reading_inputs(config.inputs, [s.url for s in sources])) as client:
-        plan = corpus.plan(client, inputs, text_column=config.text_column, id_column=None,
-                           storage_options=config.storage_options, partition_bytes=config.partition_bytes,
-                           on_bad_file=config.on_bad_file, announce=announce)
-        files, pieces, sources = plan.files, plan.pieces, plan.sources
+        corpus = gather(client, inputs, text_column=config.text_column, id_column=None,
+                        storage_options=config.storage_options, partition_bytes=config.partition_bytes,
+                        on_bad_file=config.on_bad_file, announce=announce)
+        files, pieces, sources = corpus.files, corpus.pieces, corpus.sources
         chosen = select_sample(pieces, config.sample_bytes)
         if not chosen:
             raise UserError(f"the inputs ({', '.join(s.url for s in sources[:3])}{' ...' if len(sources) > 3 else ''}) "
@@ -273,8 +272,8 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
              "unique_pretokens": unique, "min_count": config.min_count, "merges": summary.merges,
              "heldout_bytes": heldout_bytes, "heldout_tokens": heldout_tokens,
              "inputs": [f.url for f in files]}
-    if plan.unreadable or counted.unreadable or counted.skipped_invalid:  # only under --on-bad-file skip
-        stats["skipped"] = {"inputs": [{"url": b.url, "reason": b.reason} for b in plan.unreadable],
+    if corpus.unreadable or counted.unreadable or counted.skipped_invalid:  # only under --on-bad-file skip
+        stats["skipped"] = {"inputs": [{"url": b.url, "reason": b.reason} for b in corpus.unreadable],
                             "partitions": counted.unreadable, "invalid_rows": counted.skipped_invalid}
     ranks_io.write_trained(config.out, params=params, pattern_name=pattern_name, stats=stats,
                            storage_options=config.storage_options)

@@ -13,18 +13,17 @@ import io
 import os
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..corpus.plan import BadInput, InputFile
 from ..errors import UserError
 from ..storage.store import filesystem, is_local, join, read_json, write_json
 
-if TYPE_CHECKING:  # the plan's types are only read by attribute here; format must not import tokenize
-    from ..tokenize.plan import BadInput, InputFile
 
 FORMAT = "tokenshards/1"
 MANIFEST = "manifest.json"
@@ -527,7 +526,7 @@ class Manifest:
         return [join(root, MANIFEST), *(join(root, e.tokens_file) for e in self.by_index())]
 
 
-def build_manifest(*, identity: dict, job: str, files: Sequence["InputFile"], skipped: Sequence["BadInput"],
+def build_manifest(*, identity: dict, job: str, files: Sequence[InputFile], skipped: Sequence[BadInput],
                    entries: list[PartitionEntry], extra: dict | None = None) -> Manifest:
     """The manifest of a finished run: ``identity`` is the job identity (``tokenize.resume``),
     ``job`` its hash."""
@@ -595,7 +594,7 @@ def planned_count(manifest: Manifest) -> int:
     return max(used) + 1 if used else 0
 
 
-def used_id_column(files: Sequence["InputFile"]) -> tuple[str | None, list[str]]:
+def used_id_column(files: Sequence[InputFile]) -> tuple[str | None, list[str]]:
     """(the column document ids came from, inputs that lacked it): ``id`` when it was found, not the
     option (None: find it), which stays in the job identity so runs made before still resume.
     One name at most: ``--id-column X`` (every input must have it) or ``id``."""
@@ -605,7 +604,7 @@ def used_id_column(files: Sequence["InputFile"]) -> tuple[str | None, list[str]]
     return used[0], [f.url for f in files if not f.id_column]
 
 
-def _skipped_entry(bad: "BadInput") -> dict:
+def _skipped_entry(bad: BadInput) -> dict:
     entry = {"path": bad.url, "reason": bad.reason}
     if bad.partition is not None:
         entry.update(partition=bad.partition, row_groups=list(bad.row_groups))
@@ -709,7 +708,7 @@ def open_finished(out: str, storage_options: dict | None = None) -> tuple[fsspec
 # -- the bytes of a partition's files --------------------------------------------------------------
 
 class _Piece(Protocol):
-    """What ``partition_files`` reads of a planned piece (``tokenize.plan.Piece``)."""
+    """What ``partition_files`` reads of a planned piece (``corpus.plan.Piece``)."""
 
     index: int
     input: str

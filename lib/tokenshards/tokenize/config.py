@@ -6,25 +6,12 @@ import os
 from dataclasses import dataclass
 
 from ..cluster.options import RunOptions
+from ..corpus.plan import check_on_bad_file
 from ..encoding.boundaries import BOUNDARY_CHOICES, EOT_TO_BOUNDARY, Boundaries, resolve
 from ..errors import UserError
 from ..storage.hubspec import HubDataset
 
 EOT_POSITIONS = ("prefix", "suffix", "none")
-ON_BAD_FILE = ("fail", "skip")
-DEFAULT_PARTITION_BYTES = 8 * 1024 * 1024
-"""Text bytes per partition for corpora up to ~128 GB of text: ~1.5 s of tiktoken on one core, so
-the last wave of tasks idles cores only briefly, while Dask's ~1 ms per task stays noise."""
-MAX_AUTO_PARTITIONS = 16_384
-"""Past this many partitions the automatic size grows instead, so the client's records, the
-manifest and the scheduler's task count stay bounded whatever the corpus (docs/scaling.md)."""
-
-
-def check_on_bad_file(value: str) -> None:
-    """``--on-bad-file``, as every command that reads the corpus takes it (tokenize, train-bpe)."""
-    if value not in ON_BAD_FILE:
-        raise UserError(f"--on-bad-file {value!r} not supported, expected one of {ON_BAD_FILE}")
-
 
 @dataclass(frozen=True)
 class Output:
@@ -50,7 +37,7 @@ class TokenizeConfig(RunOptions):
     id_column: str | None = None
     """None: use the source's ``id`` column when present, else ``"<file>:<row>"``."""
     partition_bytes: int | None = None
-    """Text per partition; None: ``auto_partition_bytes`` of the corpus (never the cluster)."""
+    """Text per partition; None: ``corpus.plan.auto_partition_bytes`` of the corpus (never the cluster)."""
     on_bad_file: str = "fail"
     backend: str = "auto"
     """Tokenizer implementation: never changes the ids (a fast one is verified against tiktoken)."""
@@ -103,9 +90,6 @@ class TokenizeConfig(RunOptions):
         request = EOT_TO_BOUNDARY[self.eot_position] if self.eot_position is not None else self.boundary
         return resolve(request, natural=loaded.natural, bos=loaded.bos, eos=loaded.eos, tokenizer=self.encoding)
 
-    def resolved_partition_bytes(self, corpus_text_bytes: int) -> int:
-        return self.partition_bytes or auto_partition_bytes(corpus_text_bytes)
-
     def replace(self, **changes) -> "TokenizeConfig":
         return dataclasses.replace(self, **changes)
 
@@ -127,8 +111,3 @@ def _place(out: str) -> str:
     if "://" in local:
         return local.rstrip("/")
     return os.path.abspath(os.path.expanduser(local))
-
-
-def auto_partition_bytes(corpus_text_bytes: int) -> int:
-    """8 MiB, or more when that would make over MAX_AUTO_PARTITIONS partitions."""
-    return max(DEFAULT_PARTITION_BYTES, -(-corpus_text_bytes // MAX_AUTO_PARTITIONS))

@@ -24,10 +24,11 @@ from ..encoding.backends import backend_version, check_request
 from ..encoding.boundaries import Boundaries
 from ..encoding.encoders import EncoderPlugin
 from ..errors import UserError
-from . import corpus
-from ..inputs import Inputs
-from .task import FRAME_META, PIECE_META, RESULT_META, TaskResult, TaskSettings, piece_frame, read_piece, write_frame
-from .plan import BadInput, Piece, submission_order
+from ..corpus.gather import Corpus, find_inputs, gather, open_inputs
+from ..corpus.inputs import Inputs
+from ..corpus.plan import BadInput, Piece, submission_order
+from ..corpus.read import FRAME_META, read_piece
+from .task import PIECE_META, RESULT_META, TaskResult, TaskSettings, piece_frame, write_frame
 from . import resume
 from ..cluster.progress import Progress, human
 from ..wording import counted
@@ -103,7 +104,7 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
     start-up (imports, the forkserver); default now."""
     t0 = time.perf_counter() - (max(0.0, time.time() - started) if started is not None else 0.0)
     refuse_out_among_inputs(config)
-    sources = corpus.find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
+    sources = find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     places = []
     fresh: list[_Fresh] = []
     try:
@@ -294,7 +295,7 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
     check_request(config.backend)  # the backend itself is verified once the cluster is starting
     # On a local cluster a Hub download starts here, in the background: it goes on while the
     # cluster starts and tokenizes (on another cluster, once the workers said what they see).
-    inputs = corpus.open_inputs(sources, hub=config.hub, options=config, announce=announce, overlap=True)
+    inputs = open_inputs(sources, hub=config.hub, options=config, announce=announce, overlap=True)
     try:
         return _run_inputs(config, inputs, outs, encoding_notes, report,
                            local_paths=_local_paths(config, sources), t0=t0, announce=announce)
@@ -313,22 +314,22 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, outs: list[_Output], enc
         for note in encoding_notes + notes:
             announce(note)
         growth = outs[0].growth
-        plan = corpus.plan(client, inputs, text_column=config.text_column, id_column=config.id_column,
-                           storage_options=config.storage_options, partition_bytes=config.partition_bytes,
-                           on_bad_file=config.on_bad_file, announce=announce,
-                           first_index=growth.first_index if growth is not None else 0)
-        pieces = plan.pieces
+        corpus = gather(client, inputs, text_column=config.text_column, id_column=config.id_column,
+                        storage_options=config.storage_options, partition_bytes=config.partition_bytes,
+                        on_bad_file=config.on_bad_file, announce=announce,
+                        first_index=growth.first_index if growth is not None else 0)
+        pieces = corpus.pieces
         for o in outs:
-            _claim(o, plan, config, announce=announce)
+            _claim(o, corpus, config, announce=announce)
         wanted = {p.index: tuple(i for i, o in enumerate(outs) if p.index not in o.committed) for p in pieces}
         pending = [p for p in pieces if wanted[p.index]]
-        announce(f"{counted(len(plan.sources), 'input file')}, {sum(f.rows for f in plan.files):,} rows, "
-                 f"{human(plan.text_bytes)}B of text in {counted(len(pieces), 'partition')}"
+        announce(f"{counted(len(corpus.sources), 'input file')}, {sum(f.rows for f in corpus.files):,} rows, "
+                 f"{human(corpus.text_bytes)}B of text in {counted(len(pieces), 'partition')}"
                  + _committed_note(outs))
         settings = tuple(_task_settings(client, o, config) for o in outs)
         _tokenize_pending(client, pending, settings, config, outs, wanted=wanted,
                           already_done=len(pieces) - len(pending), announce=announce,
-                          inputs=inputs, arriving=plan.arriving)
+                          inputs=inputs, arriving=corpus.arriving)
 
     interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
     for o in outs:
@@ -337,7 +338,7 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, outs: list[_Output], enc
         o.lease.check()  # a run that stalled past its lease must not commit over its successor's files
         _check_parts_here(o.fs, o.root, o.entries.values(), url=o.config.out)
     _announce_invalid_rows({e.index: e for o in outs for e in o.entries.values()}.values(), announce=announce)
-    summaries = Summaries(tuple(_commit(o, plan, t0=t0) for o in outs))
+    summaries = Summaries(tuple(_commit(o, corpus, t0=t0) for o in outs))
     if config.report:
         announce(f"performance report: {config.report}")
     return summaries
@@ -368,14 +369,14 @@ def _choose_backend(o: _Output, requested: str) -> str:
     return f"tokenizer{f' for {o.config.encoding}' if o.several else ''}: {choice.note}"
 
 
-def _claim(o: _Output, plan: corpus.Corpus, config: TokenizeConfig, *, announce: Callable[[str], None]) -> None:
+def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Callable[[str], None]) -> None:
     """The output's job identity, claimed in its OUT, and the partitions an earlier run of the
     same job committed there (kept, never rewritten)."""
-    files = plan.files
+    files = corpus.files
     o.identity = resume.job_identity(
         encoding=o.loaded.block(o.boundaries), encoding_fingerprint=o.loaded.fingerprint,
         eot_position=o.boundaries.eot_position,
-        text_column=config.text_column, id_column=config.id_column, partition_bytes=plan.partition_bytes,
+        text_column=config.text_column, id_column=config.id_column, partition_bytes=corpus.partition_bytes,
         inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)} for f in files],
     )
     if o.growth is not None:
@@ -387,7 +388,7 @@ def _claim(o: _Output, plan: corpus.Corpus, config: TokenizeConfig, *, announce:
     o.job = resume.identity_hash(o.identity)
     _clear_leftovers(o.fs, o.root)
     redo: list[str] = []
-    o.committed = resume.committed_entries(o.fs, o.root, job=o.parts_job, pieces=plan.pieces, redo=redo,
+    o.committed = resume.committed_entries(o.fs, o.root, job=o.parts_job, pieces=corpus.pieces, redo=redo,
                                            url=o.config.out,
                                            kept=o.growth.kept_entries() if o.growth is not None else None)
     for note in redo:
@@ -414,20 +415,20 @@ def _task_settings(client: Client, o: _Output, config: TokenizeConfig) -> TaskSe
                         backend=backend_version(o.backend))
 
 
-def _commit(o: _Output, plan: corpus.Corpus, *, t0: float) -> Summary:
+def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
     """Write the output's manifest, its commit point; its summary."""
-    rows_of = {p.index: p.rows for p in plan.pieces}  # so that verify can check each input's rows are covered
+    rows_of = {p.index: p.rows for p in corpus.pieces}  # so that verify can check each input's rows are covered
     unreadable = [dataclasses.replace(b, rows=rows_of[b.partition]) if b.partition is not None else b
-                  for b in [*plan.unreadable, *o.unreadable]]
-    result = manifest.build_manifest(identity=o.identity, job=o.job, files=plan.files, skipped=unreadable,
+                  for b in [*corpus.unreadable, *o.unreadable]]
+    result = manifest.build_manifest(identity=o.identity, job=o.job, files=corpus.files, skipped=unreadable,
                                      entries=list(o.entries.values()),
-                                     extra={"planned_partitions": len(plan.pieces), **plan.record})
+                                     extra={"planned_partitions": len(corpus.pieces), **corpus.record})
     if o.growth is not None:
-        result = o.growth.manifest(result, planned=o.growth.first_index + len(plan.pieces))
+        result = o.growth.manifest(result, planned=o.growth.first_index + len(corpus.pieces))
     manifest.write_manifest(o.fs, o.root, result)
     totals = result.totals
     kept = len(o.growth.kept.partitions) if o.growth is not None else 0  # a growth's summary counts the whole run
-    return Summary(out=o.config.out, partitions=kept + len(plan.pieces), skipped_partitions=kept + len(o.committed),
+    return Summary(out=o.config.out, partitions=kept + len(corpus.pieces), skipped_partitions=kept + len(o.committed),
                    docs=totals["docs"], tokens=totals["tokens"], skipped_null=totals["skipped_null"],
                    skipped_empty=totals["skipped_empty"], seconds=time.perf_counter() - t0,
                    tokenize_seconds=max(o.last - o.first, 0.0), encoding=o.config.encoding)

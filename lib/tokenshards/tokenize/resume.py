@@ -14,7 +14,7 @@ from ..format import v1
 from ..format.v1 import PartitionEntry
 from ..storage.store import join, read_json, write_json
 from ..wording import counted
-from .plan import Piece
+from ..corpus.plan import Piece
 
 JOB_FILE = v1.JOB_FILE
 

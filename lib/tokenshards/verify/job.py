@@ -33,7 +33,7 @@ from ..encoding.boundaries import Boundaries
 from ..encoding.encoders import EncoderPlugin
 from ..errors import UserError
 from ..wording import counted
-from ..tokenize.footers import WORKER_FOOTERS
+from ..corpus.footers import WORKER_FOOTERS
 from ..storage.hubspec import reading_plugins_for_run
 from ..storage.store import file_identity_like, filesystem, is_local, join, read_json
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
@@ -253,7 +253,7 @@ def _read_rows(url: str, rows: list[int], *, row_groups: tuple[int, int], text_c
     """{row: text} for the given source rows, reading only the row groups that hold them; a row
     outside the partition's row groups maps to the problem it is. With the input's ``identity``
     as the run recorded it (checked unchanged just before), the footer is parsed once per worker
-    for all the partitions of that file (``tokenize.footers``)."""
+    for all the partitions of that file (``corpus.footers``)."""
     fs, path = filesystem(url, storage_options)
     with fs.open(path, "rb") as f:
         pf = WORKER_FOOTERS.open(f, url, identity)

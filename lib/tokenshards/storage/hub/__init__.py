@@ -13,7 +13,7 @@ package adds what a batch job needs, one module per step:
 - ``footer``: a file's parquet footer by ranged GETs, and its identity once downloaded;
 - ``workerfs``: ``hfcache://`` on the workers and the plugin that registers it (``--fetch workers``).
 
-How a job uses them (which machine fetches, when a file's partitions start) is ``tokenshards.inputs``.
+How a job uses them (which machine fetches, when a file's partitions start) is ``tokenshards.corpus.inputs``.
 """
 from ..hubspec import FETCH_MODES, SAMPLE_DIR, HubDataset, folder_size, size_folder
 from .cache import check_disk, free_bytes, is_present, local_path, local_sources, remember_revision

@@ -3,7 +3,7 @@
 
 It runs in two halves around the cluster's start: ``find_inputs`` and ``open_inputs`` before
 (listing inputs and the Hub, needing no workers; on a local cluster a Hub download starts here,
-to overlap the cluster's start), ``plan`` after (the inputs' worker set-up, their footers, the
+to overlap the cluster's start), ``gather`` after (the inputs' worker set-up, their footers, the
 plan). Every kind of input is one implementation of ``inputs.Inputs``: nothing here branches on
 where a file comes from or who fetches it.
 """
@@ -17,11 +17,10 @@ from distributed import Client
 from ..cluster.connect import starts_local_cluster
 from ..cluster.options import RunOptions
 from ..errors import UserError
-from ..inputs import FooterRequest, Inputs, open_inputs as _open_inputs
 from ..storage.hubspec import HubDataset
 from ..storage.sources import Source, resolve_inputs
-from .config import auto_partition_bytes
-from .plan import BadInput, InputFile, Piece, plan_pieces
+from .inputs import FooterRequest, Inputs, open_inputs as _open_inputs
+from .plan import BadInput, InputFile, Piece, auto_partition_bytes, plan_pieces
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +55,7 @@ def open_inputs(sources: list[Source], *, hub: HubDataset | None, options: RunOp
     return _open_inputs(sources, hub=hub, local_cluster=local, overlap=overlap, announce=announce)
 
 
-def plan(client: Client, inputs: Inputs, *, text_column: str, id_column: str | None, storage_options: dict,
+def gather(client: Client, inputs: Inputs, *, text_column: str, id_column: str | None, storage_options: dict,
          partition_bytes: int | None, on_bad_file: str = "fail", announce: Callable[[str], None],
          first_index: int = 0) -> Corpus:
     """The inputs' worker set-up, their footers, then the plan; unreadable inputs fail or

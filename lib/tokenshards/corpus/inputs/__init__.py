@@ -13,7 +13,7 @@
 Implementations, one module each: ``plain`` (fsspec paths and URLs: local, s3://, hf://),
 ``hub_client`` (the Hub fetched by this process: first, or while tokenizing), ``hub_workers``
 (the Hub fetched by the workers, each file by one machine: ``placement``), and ``choose``
-(``open_inputs``: which one a run gets, ``--fetch auto`` included). ``tokenize.corpus`` plans
+(``open_inputs``: which one a run gets, ``--fetch auto`` included). ``corpus.gather`` plans
 from any of them; ``tokenize`` and ``train-bpe`` go through it.
 """
 from .base import FooterRequest, Inputs, Several

@@ -7,9 +7,9 @@ from typing import Callable, Iterator
 
 from distributed import Client
 
-from ..cluster.runner import Lane
-from ..storage.sources import Source
-from ..tokenize.plan import BadInput, InputFile
+from ...cluster.runner import Lane
+from ...storage.sources import Source
+from ..plan import BadInput, InputFile
 
 Announce = Callable[[str], None]
 

@@ -11,11 +11,11 @@ from typing import Iterator
 
 from distributed import Client
 
-from ..cluster.machines import blind_machines, listed
-from ..cluster.runner import Lane
-from ..storage.hubspec import HubDataset
-from ..storage.sources import Source
-from ..tokenize.plan import BadInput, InputFile
+from ...cluster.machines import blind_machines, listed
+from ...cluster.runner import Lane
+from ...storage.hubspec import HubDataset
+from ...storage.sources import Source
+from ..plan import BadInput, InputFile
 from .base import Announce, FooterRequest, Inputs, Several
 from .plain import PlainInputs
 
@@ -38,7 +38,7 @@ def open_hub(ds: HubDataset, *, local_cluster: bool, overlap: bool, announce: An
     fetches it; on a local cluster this process starts downloading at once."""
     # huggingface_hub and the Hub inputs: imported only by runs that read the Hub (~0.1 s of a
     # run's start otherwise, on a core the workers' start needs).
-    from ..storage.hub.listing import list_files
+    from ...storage.hub.listing import list_files
     from .hub_client import ClientFetched
     from .hub_workers import WorkersFetched
 

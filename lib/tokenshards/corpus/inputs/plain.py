@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from distributed import Client
 
-from ..cluster import runner
-from ..errors import UserError
-from ..storage.sources import Source
-from ..tokenize.plan import BadInput, InputFile, read_input_or_bad
-from ..wording import brief
+from ...cluster import runner
+from ...errors import UserError
+from ...storage.sources import Source
+from ..plan import BadInput, InputFile, read_input_or_bad
+from ...wording import brief
 from .base import FooterRequest, Inputs
 
 

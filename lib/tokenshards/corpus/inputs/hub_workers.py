@@ -24,16 +24,16 @@ import socket
 from distributed import Client
 from huggingface_hub import constants
 
-from ..cluster import machines as cluster_machines
-from ..cluster.progress import human
-from ..cluster.runner import Lane
-from ..storage.hub.cache import check_disk, free_bytes, is_present, target
-from ..storage.hub.listing import HubFile, HubListing
-from ..storage.hub.workerfs import HubFetchPlugin, cache_uri, reference_identity
-from ..storage.hubspec import HubDataset
-from ..storage.sources import Source
-from ..tokenize.plan import BadInput, InputFile
-from ..wording import counted
+from ...cluster import machines as cluster_machines
+from ...cluster.progress import human
+from ...cluster.runner import Lane
+from ...storage.hub.cache import check_disk, free_bytes, is_present, target
+from ...storage.hub.listing import HubFile, HubListing
+from ...storage.hub.workerfs import HubFetchPlugin, cache_uri, reference_identity
+from ...storage.hubspec import HubDataset
+from ...storage.sources import Source
+from ..plan import BadInput, InputFile
+from ...wording import counted
 from .base import Announce, FooterRequest, Inputs
 from .placement import Machine, Place, assign_files, group_machines
 from .plain import read_footers

@@ -6,10 +6,10 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from ..storage.hub.footer import read_footer
-from ..storage.hub.listing import HubFile, HubListing
-from ..storage.hubspec import HubDataset
-from ..tokenize.plan import BadInput, InputFile, footer_or_bad
+from ...storage.hub.footer import read_footer
+from ...storage.hub.listing import HubFile, HubListing
+from ...storage.hubspec import HubDataset
+from ..plan import BadInput, InputFile, footer_or_bad
 from .base import FooterRequest
 
 AT_ONCE = 8

@@ -17,16 +17,16 @@ from typing import Iterator
 from distributed import Client
 from huggingface_hub import constants
 
-from ..cluster.machines import PathUse, blind_machines, listed
-from ..errors import UserError
-from ..storage.hub.cache import local_path, local_sources, remember_revision, target
-from ..storage.hub.fetcher import OVERLAP_DOWNLOADS, Fetcher, arrivals, download, prepare_download
-from ..storage.hub.footer import downloaded_identity
-from ..storage.hub.listing import HubFile, HubListing
-from ..storage.hubspec import HubDataset
-from ..storage.sources import Source
-from ..storage.store import describe_identity_change, file_identity, filesystem
-from ..tokenize.plan import BadInput, InputFile
+from ...cluster.machines import PathUse, blind_machines, listed
+from ...errors import UserError
+from ...storage.hub.cache import local_path, local_sources, remember_revision, target
+from ...storage.hub.fetcher import OVERLAP_DOWNLOADS, Fetcher, arrivals, download, prepare_download
+from ...storage.hub.footer import downloaded_identity
+from ...storage.hub.listing import HubFile, HubListing
+from ...storage.hubspec import HubDataset
+from ...storage.sources import Source
+from ...storage.store import describe_identity_change, file_identity, filesystem
+from ..plan import BadInput, InputFile
 from .base import Announce, FooterRequest, Inputs
 from .plain import read_footers
 from .ranged import ranged_footers

@@ -12,10 +12,28 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import InputError, UnreadableInput
+from ..errors import InputError, UnreadableInput, UserError
 from ..storage.store import file_identity, filesystem
 
 STRING_TYPES = (pa.string(), pa.large_string(), pa.string_view())
+ON_BAD_FILE = ("fail", "skip")
+DEFAULT_PARTITION_BYTES = 8 * 1024 * 1024
+"""Text bytes per partition for corpora up to ~128 GB of text: ~1.5 s of tiktoken on one core, so
+the last wave of tasks idles cores only briefly, while Dask's ~1 ms per task stays noise."""
+MAX_AUTO_PARTITIONS = 16_384
+"""Past this many partitions the automatic size grows instead, so the client's records, the
+manifest and the scheduler's task count stay bounded whatever the corpus (docs/scaling.md)."""
+
+
+def check_on_bad_file(value: str) -> None:
+    """``--on-bad-file``, as every command that reads the corpus takes it (tokenize, train-bpe)."""
+    if value not in ON_BAD_FILE:
+        raise UserError(f"--on-bad-file {value!r} not supported, expected one of {ON_BAD_FILE}")
+
+
+def auto_partition_bytes(corpus_text_bytes: int) -> int:
+    """8 MiB, or more when that would make over MAX_AUTO_PARTITIONS partitions."""
+    return max(DEFAULT_PARTITION_BYTES, -(-corpus_text_bytes // MAX_AUTO_PARTITIONS))
 
 
 def is_text_type(t: pa.DataType) -> bool:
