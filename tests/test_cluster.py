@@ -20,7 +20,8 @@ from conftest import write_parquet
 from readback import read_documents
 from sshserver import start_ssh_server
 from tokenshards.cli import main
-from tokenshards.cluster.connect import kubernetes_spec, load_cluster_config, slurm_cluster
+from tokenshards.cluster.configfile import load_cluster_config
+from tokenshards.cluster.connect import kubernetes_spec, slurm_cluster
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
 from tokenshards.tokenize.job import run_tokenize

@@ -470,7 +470,7 @@ def _prestart_local_workers(args) -> None:
     if args.scheduler:
         return
     if args.cluster:
-        from .cluster.connect import load_cluster_config
+        from .cluster.configfile import load_cluster_config
 
         if load_cluster_config(args.cluster, workers=args.workers).kind != "local":
             return

@@ -22,6 +22,7 @@ from distributed import Client, Future, as_completed
 
 from ..errors import UserError
 from . import interrupt
+from .connect import connect
 from .machines import PathUse, check_same_view
 from .options import RunOptions
 from .progress import Progress
@@ -35,8 +36,6 @@ def connect_to(options: RunOptions, *, announce: Callable[[str], None],
     """A client where ``options`` say the job runs (local, ``--scheduler``, ``--cluster``), once
     the workers on every machine were seen to share this machine's view of ``local_paths``
     (``machines.check_same_view``: one line naming the path and machines otherwise)."""
-    from .connect import connect
-
     with connect(workers=options.workers, scheduler=options.scheduler, dashboard_address=options.dashboard_address,
                  announce=announce, cluster_config=options.cluster_config) as client:
         check_same_view(client, local_paths)

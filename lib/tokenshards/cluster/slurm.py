@@ -11,14 +11,11 @@ import os
 import subprocess
 import tempfile
 import threading
-from typing import TYPE_CHECKING
 
 from distributed import Client
 
 from ..errors import UserError
-
-if TYPE_CHECKING:  # connect imports this module
-    from .connect import ClusterConfig
+from .configfile import ClusterConfig
 
 
 def check_slurm_job(cluster, config: ClusterConfig) -> None:
