@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tokenshards.cluster.machines import process_space
+from tokenshards.namespaces import process_space
 from tokenshards.storage.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, LeaseRecord
 from tokenshards.storage.store import filesystem
 

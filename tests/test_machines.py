@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 from distributed import Client
 
+from tokenshards import namespaces
 from tokenshards.cluster import machines
 from tokenshards.errors import UserError
 from tokenshards.tokenize.job import _check_parts_here
@@ -50,7 +51,7 @@ def test_a_worker_that_sees_another_file_is_named(cluster, tmp_path, monkeypatch
 
 
 def test_the_lease_and_the_probe_tell_machines_apart_by_more_than_their_name():
-    space, view = machines.process_space(), machines.file_view()
+    space, view = namespaces.process_space(), namespaces.file_view()
     assert space.startswith(os.uname().nodename + "/") and "/pid:" in space
     assert "/mnt:" in view and os.uname().nodename not in view
 

@@ -17,7 +17,8 @@ import pytest
 
 from conftest import write_parquet
 from tokenshards.errors import UserError
-from tokenshards.cluster.progress import Progress, format_eta, human
+from tokenshards.cluster.progress import Progress, format_eta
+from tokenshards.wording import human
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""Small helpers for the sentences the commands print."""
+"""Small helpers for the sentences the commands print: counts, sizes, causes."""
 from __future__ import annotations
 
 
@@ -14,3 +14,17 @@ def brief(text: object, width: int = 200) -> str:
 
     flat = " ".join(str(text).split())
     return textwrap.shorten(flat, width=width, placeholder=" …") if len(flat) > width else flat
+
+
+def human(n: float) -> str:
+    """At most 6 characters below 1000P (``999``, ``999.9k``): a value that rounds up to 1000
+    moves to the next unit (``1.0k``, not ``1000``)."""
+    for unit in ("", "k", "M", "G", "T"):
+        if abs(round(n, 1 if unit else 0)) < 1000:
+            return f"{n:.1f}{unit}" if unit else f"{n:.0f}"
+        n /= 1000
+    return f"{n:.1f}P"
+
+
+HUMAN_WIDTH = 6
+"""``human``'s widest output below 1000P; the bar pads its numbers to it."""

@@ -16,7 +16,7 @@ import tiktoken
 from ..cluster import runner
 from ..cluster import machines
 from ..cluster.options import RunOptions
-from ..cluster.progress import Progress, human
+from ..cluster.progress import Progress
 from ..errors import UserError
 from ..storage.hubspec import HubDataset
 from ..corpus.gather import find_inputs, gather, open_inputs
@@ -24,7 +24,7 @@ from ..corpus.plan import Piece, check_on_bad_file
 from ..encoding import ranks as ranks_io
 from ..encoding import tojson
 from ..storage.store import filesystem, is_local, write_atomic
-from ..wording import counted as counted_as
+from ..wording import counted as counted_as, human
 from .count import Counted, count_on_cluster, resolve_pattern
 from .merge import train_merges
 

@@ -16,22 +16,11 @@ import time
 from typing import Callable, TextIO
 
 from ..errors import UserError
+from ..wording import HUMAN_WIDTH, human
 
 MODES = ("auto", "bar", "log", "none")
 
 
-def human(n: float) -> str:
-    """At most 6 characters below 1000P (``999``, ``999.9k``): a value that rounds up to 1000
-    moves to the next unit (``1.0k``, not ``1000``)."""
-    for unit in ("", "k", "M", "G", "T"):
-        if abs(round(n, 1 if unit else 0)) < 1000:
-            return f"{n:.1f}{unit}" if unit else f"{n:.0f}"
-        n /= 1000
-    return f"{n:.1f}P"
-
-
-HUMAN_WIDTH = 6
-"""``human``'s widest output below 1000P; the bar pads its numbers to it."""
 TIME_WIDTH = 6
 """``format_eta``'s widest output (``99h59m``, ``99d23h``)."""
 

@@ -24,9 +24,9 @@ import pyarrow.parquet as pq
 from ..format import v1
 from ..format.v1 import Manifest, PartitionEntry
 from ..errors import UserError
-from ..cluster.progress import human
+from ..wording import human
 from ..wording import counted
-from ..storage.hubspec import reading_plugins_for_run
+from ..storage.hubreaders import reading_plugins_for_run
 from ..storage.store import filesystem, join, write_atomic
 
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)

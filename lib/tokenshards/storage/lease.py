@@ -39,7 +39,7 @@ from typing import Callable
 
 import fsspec
 
-from ..cluster.machines import process_space
+from ..namespaces import process_space
 from ..errors import UserError
 from .store import (display_url, gcs_upload, is_azure, is_gcs, is_local, is_s3, join, temporary_beside, write_advice,
                     write_atomic)
@@ -81,7 +81,7 @@ class LeaseRecord:
     renewed: float
     ttl: float
     space: str = ""
-    """Where ``pid`` names one process (``machines.process_space``: host name, kernel boot, PID
+    """Where ``pid`` names one process (``namespaces.process_space``: host name, kernel boot, PID
     namespace): two containers can share a host name and a pid. Empty in records of earlier
     versions, which are then judged by their expiry alone."""
 

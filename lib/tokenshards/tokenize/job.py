@@ -30,8 +30,8 @@ from ..corpus.plan import BadInput, Piece, submission_order
 from ..corpus.read import FRAME_META, read_piece
 from .task import PIECE_META, RESULT_META, TaskResult, TaskSettings, piece_frame, write_frame
 from . import resume
-from ..cluster.progress import Progress, human
-from ..wording import counted
+from ..cluster.progress import Progress
+from ..wording import counted, human
 from ..storage.hubspec import PROTOCOL
 from ..storage.lease import Lease
 from ..storage.store import (abort_stale_uploads, ensure_writable, file_identity_like, filesystem, is_local, join,

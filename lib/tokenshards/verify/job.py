@@ -34,7 +34,7 @@ from ..encoding.encoders import EncoderPlugin
 from ..errors import UserError
 from ..wording import counted
 from ..corpus.footers import WORKER_FOOTERS
-from ..storage.hubspec import reading_plugins_for_run
+from ..storage.hubreaders import reading_plugins_for_run
 from ..storage.store import file_identity_like, filesystem, is_local, join, read_json
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)

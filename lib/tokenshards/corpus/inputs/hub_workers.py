@@ -25,15 +25,15 @@ from distributed import Client
 from huggingface_hub import constants
 
 from ...cluster import machines as cluster_machines
-from ...cluster.progress import human
 from ...cluster.runner import Lane
+from ...namespaces import file_view
 from ...storage.hub.cache import check_disk, free_bytes, is_present, target
 from ...storage.hub.listing import HubFile, HubListing
 from ...storage.hub.workerfs import HubFetchPlugin, cache_uri, reference_identity
 from ...storage.hubspec import HubDataset
 from ...storage.sources import Source
 from ..plan import BadInput, InputFile
-from ...wording import counted
+from ...wording import counted, human
 from .base import Announce, FooterRequest, Inputs
 from .placement import Machine, Place, assign_files, group_machines
 from .plain import read_footers
@@ -111,6 +111,6 @@ def where_files_go(ds: HubDataset, listing: HubListing) -> dict:
     """On a worker: its machine, its download folder and the room there, and which listed files
     are there whole already (the fields of ``placement.Place``)."""
     folder = target(ds)
-    return {"host": socket.gethostname(), "view": cluster_machines.file_view(),
+    return {"host": socket.gethostname(), "view": file_view(),
             "target": os.path.realpath(os.path.expanduser(folder)), "free": free_bytes(folder),
             "present": frozenset(f.path for f in listing.files if is_present(ds, listing, f))}

@@ -2,7 +2,7 @@
 what each worker reported, so the rules are tested without a cluster.
 
 A "machine" here is a set of workers that share one download folder: the same file view (kernel
-boot and mount namespace, ``cluster.machines.file_view``) and the same folder in it. Workers of
+boot and mount namespace, ``namespaces.file_view``) and the same folder in it. Workers of
 one machine wait for each other's downloads (huggingface_hub's per-blob lock), so a file fetched
 by one of them is there for all; a file whose partitions ran on two machines would cross the
 network twice.

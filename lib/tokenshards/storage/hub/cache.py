@@ -14,7 +14,7 @@ from pathlib import Path
 
 from huggingface_hub.file_download import _cache_commit_hash_for_specific_revision, repo_folder_name
 
-from ...cluster.progress import human
+from ...wording import human
 from ...errors import UserError
 from ..hubspec import HubDataset
 from ..sources import Source

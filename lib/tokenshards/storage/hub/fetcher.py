@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 
 from huggingface_hub import constants
 
-from ...cluster.progress import human
+from ...wording import human
 from ...errors import UserError
 from ..hubspec import HubDataset
 from ..sources import Source
