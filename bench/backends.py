@@ -89,7 +89,7 @@ def candidates(encoding_name: str) -> dict:
 
         def gigatoken_(parallel=False):
             with tempfile.NamedTemporaryFile(suffix=".tiktoken", delete=False) as f:
-                f.write(dump_ranks(params["mergeable_ranks"]))
+                f.write(dump_ranks(params.mergeable_ranks))
             tok = gigatoken.Tokenizer.from_tiktoken(f.name, pretokenizer=GIGATOKEN_PRETOKENIZER[encoding_name],
                                                     special_tokens={})
             os.unlink(f.name)
@@ -106,7 +106,7 @@ def candidates(encoding_name: str) -> dict:
         import tokendagger
 
         def tokendagger_():
-            tok = tokendagger.Encoding(encoding_name, pat_str=params["pat_str"], mergeable_ranks=params["mergeable_ranks"],
+            tok = tokendagger.Encoding(encoding_name, pat_str=params.pat_str, mergeable_ranks=params.mergeable_ranks,
                                        special_tokens={})
             core = tok._core_bpe
             return lambda texts: np.fromiter((i for t in texts for i in core.encode_ordinary(t)), dtype=np.uint32)

@@ -95,7 +95,7 @@ def main() -> None:
         words = zip(table.column("pretoken").to_pylist(), table.column("count").to_pylist())
         merged = train_merges(words, n_ranks=args.vocab_size - 1)
         inproc_cpu = time.process_time() - cpu
-        assert merged.ranks == load_encoding(out).params["mergeable_ranks"]
+        assert merged.ranks == load_encoding(out).params.mergeable_ranks
 
         cpu, wall = time.process_time(), time.perf_counter()
         tok = train_tokenizers(train, vocab_size=args.vocab_size)

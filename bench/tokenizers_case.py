@@ -113,12 +113,12 @@ def _splintr_count(family: str):
     import splintr
 
     sys.path.insert(0, str(ROOT / "lib"))
-    from tokenshards.encoding.backends import without_possessive_quantifiers
+    from tokenshards.encoding.patterns import without_possessive_quantifiers
     from tokenshards.encoding.meta import load
 
     params = load(family).params
-    vocab = "".join(f"{base64.b64encode(b).decode()} {r}\n" for b, r in params["mergeable_ranks"].items()).encode()
-    tok = splintr.Tokenizer.from_bytes(vocab, without_possessive_quantifiers(params["pat_str"]), {})
+    vocab = "".join(f"{base64.b64encode(b).decode()} {r}\n" for b, r in params.mergeable_ranks.items()).encode()
+    tok = splintr.Tokenizer.from_bytes(vocab, without_possessive_quantifiers(params.pat_str), {})
     try:
         tok = tok.pcre2(True)
     except ValueError:

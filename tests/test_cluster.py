@@ -335,9 +335,10 @@ PRESTARTED_WORKER_PROBE = r"""
 import gc, signal, sys
 from tokenshards.cluster.prestart import start_forkserver
 from tokenshards.cluster.connect import connect
+from tokenshards.tokenize.workers import forkserver_preload
 
 if __name__ == "__main__":
-    assert start_forkserver()
+    assert start_forkserver(forkserver_preload())
     with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
         def probe():  # before any task: a spawned worker has imported none of these yet
             from distributed.versions import _version_cached
@@ -372,11 +373,15 @@ from tokenshards.cluster.prestart import start_forkserver
 from tokenshards.cluster.connect import connect
 from tokenshards.encoding import prebuilt
 from tokenshards.encoding.backends import choose
-from tokenshards.encoding.encoders import EncoderPlugin, load_encoding
+from tokenshards.encoding.encoders import load_encoding
+from tokenshards.encoding.plugin import EncoderPlugin
+from tokenshards.tokenize.workers import forkserver_preload
 
 if __name__ == "__main__":
     loaded = load_encoding("gpt2")  # keeps gpt2 parsed: the server prebuilds only what loads offline
-    assert start_forkserver(prebuild=("gpt2", "auto"))
+    preload = forkserver_preload("gpt2", "auto")
+    assert start_forkserver(preload)
+    prebuilt.started(preload)
     with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
         here = choose("auto", loaded.encoding, loaded.params)
         there = prebuilt.ask(loaded.fingerprint, "auto")

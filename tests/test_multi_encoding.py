@@ -221,7 +221,7 @@ def test_one_task_per_planned_partition_with_several_outputs(corpus, tmp_path):
     """Dask may not merge or split planned partitions when several outputs ride on each task."""
     import dask
 
-    from tokenshards.encoding.encoders import EncoderPlugin
+    from tokenshards.encoding.plugin import EncoderPlugin
     from tokenshards.tokenize.job import DASK_SETTINGS, partition_tasks
     from tokenshards.corpus.plan import plan_pieces, read_input_metadata
     from tokenshards.tokenize.task import TaskSettings
@@ -243,11 +243,15 @@ PREBUILT_PROBE = r"""
 from tokenshards.cluster.prestart import start_forkserver
 from tokenshards.cluster.connect import connect
 from tokenshards.encoding import prebuilt
-from tokenshards.encoding.encoders import EncoderPlugin, load_encoding
+from tokenshards.encoding.encoders import load_encoding
+from tokenshards.encoding.plugin import EncoderPlugin
+from tokenshards.tokenize.workers import forkserver_preload
 
 if __name__ == "__main__":
     loaded = [load_encoding(name) for name in ("gpt2", "cl100k_base")]  # kept parsed: the server loads offline
-    assert start_forkserver(prebuild=(["gpt2", "cl100k_base"], "auto"))
+    preload = forkserver_preload(["gpt2", "cl100k_base"], "auto")
+    assert start_forkserver(preload)
+    prebuilt.started(preload)
     with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
         choices = [prebuilt.ask(l.fingerprint, "auto") for l in loaded]
         plugins = [EncoderPlugin(l, backend=c.name) for l, c in zip(loaded, choices)]

@@ -123,12 +123,13 @@ def test_registering_the_encoder_again_leaves_running_tasks_alone(tmp_path):
     from distributed import Client
 
     from daskprocs import dask_processes
-    from tokenshards.encoding.encoders import EncoderPlugin, load_encoding, plugin_name
+    from tokenshards.encoding.encoders import load_encoding
+    from tokenshards.encoding.plugin import EncoderPlugin, plugin_name
 
     def encode_for(name: str, seconds: float) -> int:
         """Keeps using the worker's encoder plugin for a while, as a long partition does (a local
         function: cloudpickle ships it by value to the worker, which cannot import this module)."""
-        from tokenshards.encoding.encoders import worker_backend
+        from tokenshards.encoding.plugin import worker_backend
 
         calls, deadline = 0, time.monotonic() + seconds
         while time.monotonic() < deadline:

@@ -151,7 +151,7 @@ def test_cli_unknown_encoding_is_one_line(corpus, tmp_path):
 # -- the worker task as a plain function, and the Dask graph that runs it --
 
 def _pieces_and_settings(corpus, out, gpt2_loaded):
-    from tokenshards.encoding.encoders import EncoderPlugin
+    from tokenshards.encoding.plugin import EncoderPlugin
     from tokenshards.corpus.plan import plan_pieces, read_input_metadata
     from tokenshards.tokenize.task import TaskSettings
 
@@ -218,7 +218,7 @@ def test_one_task_per_planned_partition(corpus, tmp_path):
 
 
 def test_a_partition_task_names_only_modules_the_workers_start_with(corpus, tmp_path):
-    """Local workers are forked with ``prestart.PRELOAD`` imported. A module a task names beyond
+    """Local workers are forked with ``tokenize.workers.forkserver_preload``'s modules imported. A module a task names beyond
     those would be imported in each worker's first task; one the preload holds that no task names
     (dask.dataframe was: ~0.2 s of the forkserver's CPU through start-up) costs every run for nothing."""
     import io
@@ -227,7 +227,7 @@ def test_a_partition_task_names_only_modules_the_workers_start_with(corpus, tmp_
     import dask
     from distributed.protocol.pickle import dumps
 
-    from tokenshards.cluster.prestart import PRELOAD
+    from tokenshards.tokenize.workers import forkserver_preload
     from tokenshards.encoding.encoders import load_encoding
     from tokenshards.tokenize.job import DASK_SETTINGS, partition_tasks
 
@@ -245,7 +245,7 @@ def test_a_partition_task_names_only_modules_the_workers_start_with(corpus, tmp_
         Naming(io.BytesIO(dumps(spec))).load()
     assert "tokenshards.tokenize.task" in named
     probe = ("import importlib, json, sys\n"
-             f"for m in {list(PRELOAD)!r}:\n"
+             f"for m in {forkserver_preload().imports()!r}:\n"
              "    try: importlib.import_module(m)\n"
              "    except ImportError: pass\n"
              f"print(json.dumps([sorted(set({sorted(named)!r}) - set(sys.modules)), 'dask.dataframe' in sys.modules]))")

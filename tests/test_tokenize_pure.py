@@ -1,11 +1,14 @@
 """The pure core: texts → tokens, compared with tiktoken's encode_ordinary directly."""
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import psutil
 import pytest
 
 from tokenshards.encoding.backends import (FAST_BACKENDS, SPOT_CHECK_CHARS, SPOT_CHECK_SHARE, BackendMismatch, TiktokenBackend,
-                                           build_backend, choose, spot_check_sample, without_possessive_quantifiers)
+                                           build_backend, choose, spot_check_sample)
+from tokenshards.encoding.patterns import without_possessive_quantifiers
 from tokenshards.errors import UserError
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.corpus.plan import InputFile, plan_pieces
@@ -96,7 +99,7 @@ def test_auto_backend_takes_the_fastest_that_matches_tiktoken(gpt2):
     assert choose("splintr", loaded.encoding, loaded.params).name == "splintr"
     assert choose("riptoken", loaded.encoding, loaded.params).name == "riptoken"
     assert choose("tiktoken", loaded.encoding, loaded.params).name == "tiktoken"
-    wrong = dict(loaded.params, pat_str=r"\S+|\s+")  # same ranks, other split: other ids
+    wrong = dataclasses.replace(loaded.params, pat_str=r"\S+|\s+")  # same ranks, other split: other ids
     choice = choose("auto", loaded.encoding, wrong)
     name, why = choice.name, choice.note
     assert name == "tiktoken" and choice.verified is None and all(f"{fast} not used" in why for fast in FAST_BACKENDS)
@@ -136,7 +139,7 @@ def test_a_disagreeing_fast_backend_fails_the_batch(gpt2, fast):
     loaded = load_encoding("gpt2")
     # gigatoken knows only the patterns it has a pretokenizer for: give it cl100k's split instead.
     other = CL100K_PATTERN if fast == "gigatoken" else r"\S+|\s+"
-    backend = build_backend(fast, gpt2, dict(loaded.params, pat_str=other))
+    backend = build_backend(fast, gpt2, dataclasses.replace(loaded.params, pat_str=other))
     with pytest.raises(BackendMismatch, match="disagrees with tiktoken"):
         backend.encode_many(["hello world, this is text: 1234567 DON'T"])
 

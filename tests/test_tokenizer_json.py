@@ -19,7 +19,8 @@ from tokenshards.bpe.train import TrainBpeConfig, hf_folder, run_train_bpe, writ
 from tokenshards.encoding.backends import verification_texts
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.encoding.meta import load as load_meta
-from tokenshards.encoding.tojson import onig_pattern, tokenizer_config_json, tokenizer_json
+from tokenshards.encoding.patterns import onig_pattern
+from tokenshards.encoding.tojson import tokenizer_config_json, tokenizer_json
 from tokenshards.errors import UserError
 
 SPECIAL_AS_TEXT = ["<|endoftext|>", "a<|endoftext|>b", " <|endoftext|>\n", "<|pad|><|fim_prefix|>", "<|endofprompt|>x"]
@@ -30,8 +31,8 @@ TEXTS = verification_texts() + SPECIAL_AS_TEXT + DOCUMENTS
 
 def _folder(root: Path, params: dict) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    (root / "tokenizer.json").write_text(tokenizer_json(params["mergeable_ranks"], params["pat_str"], params["special_tokens"]))
-    (root / "tokenizer_config.json").write_text(tokenizer_config_json(params["special_tokens"], eos="<|endoftext|>"))
+    (root / "tokenizer.json").write_text(tokenizer_json(params.mergeable_ranks, params.pat_str, params.special_tokens))
+    (root / "tokenizer_config.json").write_text(tokenizer_config_json(params.special_tokens, eos="<|endoftext|>"))
     return root
 
 
@@ -167,7 +168,7 @@ def test_llama3_ranks_convert_to_the_same_ids():
     parts' ranks (" první", rank 104,909, from " pr" + "vní", rank 110,114); a converter that listed
     only lower-ranked parts gave other ids on ~3% of web documents."""
     llama3 = load_meta("llama3")
-    tok = Tokenizer.from_str(tokenizer_json(llama3.params["mergeable_ranks"], llama3.params["pat_str"], {}))
+    tok = Tokenizer.from_str(tokenizer_json(llama3.params.mergeable_ranks, llama3.params.pat_str, {}))
     texts = [*verification_texts(), " prvního existující Související", "、単一のシートのセルの内容が入っているテキストファイル",
              *DOCUMENTS[:300]]
     for text in texts:

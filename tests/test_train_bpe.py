@@ -245,7 +245,7 @@ def test_loads_from_a_url(trained):
         try:
             url = f"http://127.0.0.1:{server.server_address[1]}/{out.name}"
             loaded = load_encoding(url)
-            assert loaded.params["mergeable_ranks"] == load_encoding(str(out)).params["mergeable_ranks"]
+            assert loaded.params.mergeable_ranks == load_encoding(str(out)).params.mergeable_ranks
             assert loaded.encoding.name == url
         finally:
             server.shutdown()
@@ -259,7 +259,7 @@ def test_trained_file_is_consistent_and_round_trips_any_unicode(trained):
     enc = loaded.encoding
     assert enc.n_vocab == summary.n_vocab == 600
     assert enc.eot_token == 599 and loaded.spec.dtype == "uint16"
-    assert ranks_io.problems(loaded.params["mergeable_ranks"]) == []
+    assert ranks_io.problems(loaded.params.mergeable_ranks) == []
     meta = json.loads(Path(str(out) + ".json").read_text())
     assert meta["special_tokens"] == {"<|endoftext|>": 599} and meta["pattern"] == "gpt2"
     rng = random.Random(11)

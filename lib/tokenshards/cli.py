@@ -475,11 +475,15 @@ def _prestart_local_workers(args) -> None:
         if load_cluster_config(args.cluster, workers=args.workers).kind != "local":
             return
     from .cluster.prestart import gc_paused, start_forkserver
+    from .encoding import prebuilt
+    from .tokenize.workers import forkserver_preload
 
     with gc_paused():  # start-up makes objects that live to the end: collecting meanwhile finds none
         # tokenize names its encodings and backend: the server prebuilds them for the workers.
         backend = getattr(args, "backend", None)
-        start_forkserver(prebuild=(args.encoding or ["gpt2"], backend) if backend else None)
+        preload = forkserver_preload(args.encoding or ["gpt2"], backend) if backend else forkserver_preload()
+        if start_forkserver(preload):
+            prebuilt.started(preload)
         importlib.import_module(args.job_module)
 
 

@@ -23,6 +23,7 @@ from ..corpus.gather import find_inputs, gather, open_inputs
 from ..corpus.plan import Piece, check_on_bad_file
 from ..encoding import ranks as ranks_io
 from ..encoding import tojson
+from ..encoding.records import TiktokenParams
 from ..storage.store import filesystem, is_local, write_atomic
 from ..wording import counted as counted_as, human
 from .count import Counted, count_on_cluster, resolve_pattern
@@ -140,15 +141,15 @@ def hf_folder(out: str) -> str:
     return out[: -len(ranks_io.SUFFIX)] + ".hf"
 
 
-def write_hf_folder(out: str, params: dict, storage_options: dict | None = None) -> str:
+def write_hf_folder(out: str, params: TiktokenParams, storage_options: dict | None = None) -> str:
     """tokenizer.json + tokenizer_config.json for the trained ranks, each written atomically into
     ``hf_folder(out)``; returns the folder. Raises ``UserError`` if they cannot be made or written."""
     folder = hf_folder(out)
     files = {
-        "tokenizer.json": tojson.tokenizer_json(params["mergeable_ranks"], params["pat_str"], params["special_tokens"]),
+        "tokenizer.json": tojson.tokenizer_json(params.mergeable_ranks, params.pat_str, params.special_tokens),
         # <|endoftext|> is always the first special (see TrainBpeConfig.special_tokens): the document
         # separator tokenize writes, so the end-of-sequence token for a model trained on the output.
-        "tokenizer_config.json": tojson.tokenizer_config_json(params["special_tokens"], eos=ranks_io.ENDOFTEXT),
+        "tokenizer_config.json": tojson.tokenizer_config_json(params.special_tokens, eos=ranks_io.ENDOFTEXT),
     }
     fs, path = filesystem(folder, storage_options)
     try:
@@ -255,7 +256,7 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
     found = ranks_io.problems(result.ranks)
     if found:  # a bug in the merge loop, never the user's doing
         raise AssertionError(f"trained ranks are inconsistent: {found}")
-    encoding = tiktoken.Encoding(**params)
+    encoding = params.encoding()
     heldout = list(counted.heldout)
     bad = ranks_io.round_trip_failures(encoding, [ranks_io.ROUND_TRIP_PROBE, *heldout])
     if bad:

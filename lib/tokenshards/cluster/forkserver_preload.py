@@ -1,11 +1,10 @@
-"""Imported last by the local workers' forkserver (``prestart.PRELOAD``), never elsewhere: it
-answers once what every worker's handshake asks (``host_versions``), prebuilds the encoder the
-command asked for (``encoding/prebuilt.py``), then ends the pause ``forkserver_begin`` started
-(``prestart.resume_gc``): the server's heap is frozen, so the workers' garbage collector never
+"""Imported last by the local workers' forkserver (``prestart.LAST``), never elsewhere: it
+answers once what every worker's handshake asks (``host_versions``), then ends the pause
+``forkserver_begin`` started (``prestart.resume_gc``): the server's heap, with whatever the caller's
+preload built in it (``ForkserverPreload``), is frozen, so the workers' garbage collector never
 walks (and so never copies) the pages they share with the server, and runs again for the rest."""
 from distributed.versions import get_versions
 
-from ..encoding import prebuilt
 from .prestart import resume_gc
 
 
@@ -20,6 +19,5 @@ def host_versions() -> None:
 
 try:
     host_versions()
-    prebuilt.build_requested()
 finally:
     resume_gc()

@@ -15,30 +15,45 @@ import gc
 import multiprocessing
 import os
 import sys
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping
 
 from .interrupt import children_ignore_ctrl_c
 
-PRELOAD = ("tokenshards.cluster.forkserver_begin", "distributed", "tokenshards.tokenize.task",
-           "tokenshards.encoding.backends", "gigatoken", "awkward", "splintr", "riptoken",
-           "tokenshards.cluster.forkserver_preload")
-"""What a worker's tasks import; the forkserver skips a module that is not installed. The first one
-stops the garbage collector for the rest (``pause_gc``). (gigatoken hands its results back as
-awkward arrays but imports awkward only then: ~0.35 s in a worker's first task.) The last one
-prebuilds the encoder, if asked, freezes the heap and starts the collector again. Not
-dask.dataframe: the client builds the graph with it, but a partition's task names only
-``dask._task_spec`` and our modules (``test_a_partition_task_names_only_modules_the_workers_start_with``),
-and importing it took ~0.2 s of the server's CPU while both cores were busy starting (a 5 MB run:
-1.57 against 1.66 s, medians of 10, interleaved). The rare export that needs it (Dask's shuffle)
-imports it in its tasks."""
+FIRST, LAST = "tokenshards.cluster.forkserver_begin", "tokenshards.cluster.forkserver_preload"
+"""The server's first preload stops the garbage collector for the rest (``pause_gc``); its last one
+asks once what every worker's handshake asks, freezes the heap and starts the collector again."""
 
 
-def start_forkserver(*, prebuild: tuple[str | Sequence[str], str] | None = None) -> bool:
-    """Start the forkserver and have Dask's nannies fork workers from it; with ``prebuild``
-    (encoding or encodings, backend), the server also verifies and builds those encoders for them. Does nothing
-    (False) where forkserver does not exist (Windows) or the Dask config already names a start
-    method other than the default spawn (the user chose)."""
+@dataclass(frozen=True)
+class ForkserverPreload:
+    """What the caller wants its local workers to start with: the modules their tasks import
+    (imported once in the server; one that is not installed is skipped) and the environment the
+    server starts with. CPython's forkserver takes module names only and inherits its environment
+    when it starts: those are the two ways into it, and a module that builds something there (the
+    encoders, ``encoding/prebuild.py``) reads what to build from that environment."""
+
+    modules: tuple[str, ...] = ()
+    environment: Mapping[str, str] = field(default_factory=dict)
+
+    def then(self, other: ForkserverPreload) -> ForkserverPreload:
+        return ForkserverPreload(modules=(*self.modules, *(m for m in other.modules if m not in self.modules)),
+                                 environment={**self.environment, **other.environment})
+
+    def imports(self) -> list[str]:
+        """The server's whole preload, in order. Not dask.dataframe: the client builds the graph
+        with it, but a partition's task names only ``dask._task_spec`` and our modules
+        (``test_a_partition_task_names_only_modules_the_workers_start_with``), and importing it
+        took ~0.2 s of the server's CPU while both cores were busy starting (a 5 MB run: 1.57
+        against 1.66 s, medians of 10, interleaved)."""
+        return [FIRST, "distributed", *self.modules, LAST]
+
+
+def start_forkserver(preload: ForkserverPreload = ForkserverPreload()) -> bool:
+    """Start the forkserver with ``preload`` and have Dask's nannies fork workers from it. Does
+    nothing (False) where forkserver does not exist (Windows) or the Dask config already names a
+    start method other than the default spawn (the user chose)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
     import dask
@@ -51,16 +66,27 @@ def start_forkserver(*, prebuild: tuple[str | Sequence[str], str] | None = None)
     # What distributed sets for the workers it spawns (OMP_NUM_THREADS...), allocator settings
     # included: the forkserver must have them before its allocator and numpy read them.
     os.environ.update(worker_environment(dask.config.get("distributed.nanny.pre-spawn-environ"), inherited=os.environ))
-    if prebuild is not None:
-        from ..encoding import prebuilt
-
-        prebuilt.request(*prebuild)
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOAD))
-    with children_ignore_ctrl_c():  # the workers forked from the server inherit its disposition
+    context.set_forkserver_preload(preload.imports())
+    # The caller's environment is the server's alone: set for its start, then taken back.
+    with children_ignore_ctrl_c(), _environment(preload.environment):  # workers inherit the server's disposition
         forkserver.ensure_running()
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
     return True
+
+
+@contextlib.contextmanager
+def _environment(extra: Mapping[str, str]) -> Iterator[None]:
+    before = {name: os.environ.get(name) for name in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 DASK_TRIM_THRESHOLD = 65536

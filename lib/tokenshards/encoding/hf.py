@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import UserError
 from ..wording import brief
 from .boundaries import Boundaries
-from .encoders import SourceFile
+from .records import SourceFile
 from .library import LibraryTokenizer, flat_ids, read_file, sha256
 
 SUPPORTED_MODELS = ("BPE", "Unigram")

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import UserError
 from .backends import FAST_BACKENDS, Choice, CheckedBackend, backend_version, verification_texts, verified_against
 from .boundaries import Boundaries
-from .encoders import SourceFile, token_dtype
+from .records import SourceFile, token_dtype
 
 
 def sha256(data: bytes) -> str:

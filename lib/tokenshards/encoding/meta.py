@@ -12,11 +12,11 @@ import hashlib
 import importlib
 from pathlib import Path
 
-import tiktoken
 
 from ..errors import UserError
 from ..wording import brief
-from .encoders import LoadedEncoding, SourceFile
+from .encoders import LoadedEncoding
+from .records import SourceFile, TiktokenParams
 from .ranks import parse_ranks
 
 FAMILIES = {"llama3": ("llama_models.llama3.tokenizer", "pat_str"),
@@ -57,12 +57,12 @@ def load(family: str, path: str | None = None) -> LoadedEncoding:
         raise UserError(f"--encoding {family}:{file}: Meta's {family} tokenizer cannot load it "
                         f"({type(e).__name__}: {brief(e, 160)})") from e
     name = family if path is None else f"{family}:{path}"
-    params = {"name": name, "pat_str": getattr(meta_class, pattern_attr), "mergeable_ranks": ranks,
-              "special_tokens": dict(meta.special_tokens)}
+    params = TiktokenParams(name=name, pat_str=getattr(meta_class, pattern_attr), mergeable_ranks=ranks,
+                            special_tokens=dict(meta.special_tokens))
     # Stable across installs (a venv elsewhere, a newer llama-models with the same file): the
     # files' sha256 say which vocabulary it is, the source where to find it again.
     source = f"llama-models {family}/tokenizer.model" if path is None else str(file)
-    return LoadedEncoding(encoding=tiktoken.Encoding(**params), params=params, source=source, kind="tiktoken-file",
+    return LoadedEncoding(encoding=params.encoding(), params=params, source=source, kind="tiktoken-file",
                           files=(SourceFile(name=file.name, sha256=hashlib.sha256(data).hexdigest()),),
                           bos_name=BOS, eos_name=EOS, natural_boundary="bos")
 

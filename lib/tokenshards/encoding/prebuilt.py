@@ -7,6 +7,10 @@ tiktoken (``backends.choose``) and builds it, on the core the client is not usin
 forked afterwards starts with them built (pages shared with the server, not copied per worker),
 and the client asks a child of the server for its verdict instead of verifying a second time.
 
+The server learns what to build from the caller: ``preload`` returns the ``ForkserverPreload``
+the command line hands ``cluster.prestart.start_forkserver``, whose last encoding module,
+``prebuild``, builds what it names. This module only keeps what was built and answers for it.
+
 Nothing is taken on trust: a worker uses the prebuilt encoder only when its fingerprint (sha256
 of pattern, ranks and special tokens) and backend are the run's, and the client takes the
 verdict only for the same fingerprint and request. Otherwise both do their own work, as they do
@@ -15,17 +19,20 @@ on any other cluster.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 if TYPE_CHECKING:  # the client imports this module before anything heavy: keep it light
     import tiktoken
 
+    from ..cluster.prestart import ForkserverPreload
     from .backends import Backend, Choice
 
 ENVIRONMENT = "TOKENSHARDS_PREBUILD"
-"""``[[encoding, ...], backend]`` as JSON: what the forkserver started after ``request`` prebuilds."""
+"""The server's start environment entry (``ForkserverPreload.environment``) that names what to prebuild."""
+WORKER_MODULES = ("tokenshards.encoding.backends", "gigatoken", "awkward", "splintr", "riptoken")
+"""What building an encoder imports in a worker. (gigatoken hands its results back as awkward
+arrays but imports awkward only then: ~0.35 s in a worker's first task.)"""
 
 
 @dataclass(frozen=True)
@@ -34,50 +41,57 @@ class Prebuilt:
     requested: str
     choice: Choice
     """Name and note only: the verified instance is ``backend``'s fast half."""
-    encoding: tiktoken.Encoding
+    encoding: tiktoken.Encoding | None
     backend: Backend
+
+
+@dataclass(frozen=True)
+class Request:
+    """Which encodings the server builds, and with which ``--backend``."""
+
+    encodings: tuple[str, ...]
+    backend: str
+
+    def to_environment(self) -> dict[str, str]:
+        return {ENVIRONMENT: json.dumps([list(self.encodings), self.backend])}
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> Request | None:
+        try:
+            names, backend = json.loads(environ[ENVIRONMENT])
+            return cls(encodings=tuple(dict.fromkeys(map(str, names))), backend=str(backend))
+        except (KeyError, ValueError, TypeError):
+            return None
 
 
 _prebuilt: tuple[Prebuilt, ...] = ()
 """One per encoding the command line named (a run of several encodings names several)."""
 _requested_here = False
-"""True in the process that called ``request`` (the client): only it asks for the verdict."""
+"""True in the process whose forkserver was asked to prebuild (the client): only it asks for the verdict."""
 
 
-def request(encodings: str | Sequence[str], backend: str) -> None:
-    """Have the forkserver, started after this call, prebuild each of ``encodings`` with ``backend``."""
+def preload(encodings: str | Sequence[str] = (), backend: str | None = None) -> ForkserverPreload:
+    """What local workers need to build an encoder: its modules and, given a ``backend``, the
+    encoders ``encodings`` names built in the server (``prebuild``) for every worker forked from it."""
+    from ..cluster.prestart import ForkserverPreload
+
+    if backend is None:
+        return ForkserverPreload(modules=WORKER_MODULES)
+    request = Request(encodings=(encodings,) if isinstance(encodings, str) else tuple(encodings), backend=backend)
+    return ForkserverPreload(modules=(*WORKER_MODULES, "tokenshards.encoding.prebuild"),
+                             environment=request.to_environment())
+
+
+def started(preload: ForkserverPreload) -> None:
+    """The forkserver started with ``preload``: from now on ``ask`` asks it."""
     global _requested_here
-    os.environ[ENVIRONMENT] = json.dumps([[encodings] if isinstance(encodings, str) else list(encodings), backend])
-    _requested_here = True
+    _requested_here = ENVIRONMENT in preload.environment
 
 
-def build_requested() -> None:
-    """The forkserver's last preload step: prebuild what ``request`` asked for (``forkserver_preload``
-    then freezes the server's heap). Never raises: whatever fails here, the workers build their own."""
+def keep(found: Sequence[Prebuilt]) -> None:
+    """``prebuild``'s result, kept in the server for the workers forked from it."""
     global _prebuilt
-    try:
-        names, requested = json.loads(os.environ[ENVIRONMENT])
-    except (KeyError, ValueError):
-        names, requested = [], ""
-    built = (_build(name, requested) for name in dict.fromkeys(names))
-    _prebuilt = tuple(found for found in built if found is not None)
-
-
-def _build(name: str, requested: str) -> Prebuilt | None:
-    """``name``'s encoder verified and built, or None (not loadable offline, or anything failed)."""
-    from .backends import Choice
-    from .registry import load_offline
-
-    try:
-        loaded = load_offline(name)
-        if loaded is None:
-            return None
-        choice = loaded.choose(requested)
-        backend = loaded.build(choice.name, verified=choice.verified)
-        return Prebuilt(fingerprint=loaded.fingerprint, requested=requested,
-                        choice=Choice(choice.name, choice.note), encoding=loaded.encoding, backend=backend)
-    except Exception:  # noqa: BLE001  (a UserError included: the client raises it itself, in one line)
-        return None
+    _prebuilt = tuple(found)
 
 
 def for_worker(fingerprint: str, backend: str) -> tuple[tiktoken.Encoding, Backend] | None:

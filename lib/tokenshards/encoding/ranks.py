@@ -22,6 +22,7 @@ import tiktoken
 
 from ..errors import UserError
 from ..storage.store import check_bucket, filesystem, is_local, write_atomic
+from .records import TiktokenParams
 
 FORMAT = "tokenshards-bpe/1"
 SUFFIX = ".tiktoken"
@@ -94,24 +95,24 @@ def round_trip_failures(encoding: tiktoken.Encoding, texts: list[str]) -> list[s
     return bad
 
 
-def encoding_params(*, name: str, pat_str: str, ranks: dict[bytes, int], specials: list[str]) -> dict:
-    """tiktoken.Encoding keyword arguments; special tokens take the ids after the last rank."""
+def encoding_params(*, name: str, pat_str: str, ranks: dict[bytes, int], specials: list[str]) -> TiktokenParams:
+    """A trained vocabulary's encoding: special tokens take the ids after the last rank."""
     special_tokens = {token: len(ranks) + i for i, token in enumerate(specials)}
-    return {"name": name, "pat_str": pat_str, "mergeable_ranks": ranks, "special_tokens": special_tokens,
-            "explicit_n_vocab": len(ranks) + len(special_tokens)}
+    return TiktokenParams(name=name, pat_str=pat_str, mergeable_ranks=ranks, special_tokens=special_tokens,
+                          explicit_n_vocab=len(ranks) + len(special_tokens))
 
 
-def write_trained(out: str, *, params: dict, pattern_name: str, stats: dict, storage_options: dict | None = None) -> None:
+def write_trained(out: str, *, params: TiktokenParams, pattern_name: str, stats: dict, storage_options: dict | None = None) -> None:
     """Write the ranks file, then the sidecar that names its sha256 (the commit point)."""
-    data = dump_ranks(params["mergeable_ranks"])
+    data = dump_ranks(params.mergeable_ranks)
     sidecar = {
         "format": FORMAT,
-        "name": params["name"],
+        "name": params.name,
         "pattern": pattern_name,
-        "pat_str": params["pat_str"],
-        "special_tokens": params["special_tokens"],
-        "n_vocab": params["explicit_n_vocab"],
-        "mergeable_ranks": len(params["mergeable_ranks"]),
+        "pat_str": params.pat_str,
+        "special_tokens": params.special_tokens,
+        "n_vocab": params.explicit_n_vocab,
+        "mergeable_ranks": len(params.mergeable_ranks),
         "ranks_sha256": hashlib.sha256(data).hexdigest(),
         "training": stats,
     }
@@ -155,7 +156,7 @@ def _read(url: str, storage_options: dict | None, what: str, *, ranks_path: str)
         raise UserError(f"cannot read {what} {url!r}: {type(e).__name__}: {e}") from e
 
 
-def load_trained(path: str, *, storage_options: dict | None = None) -> tuple[tiktoken.Encoding, dict]:
+def load_trained(path: str, *, storage_options: dict | None = None) -> tuple[tiktoken.Encoding, TiktokenParams]:
     """A ``.tiktoken`` written by ``train-bpe`` (local path or URL) as (encoding, its parameters),
     checked against its sidecar's hash and for self-consistency before anything uses it."""
     meta_url = sidecar_path(path)
@@ -179,10 +180,10 @@ def load_trained(path: str, *, storage_options: dict | None = None) -> tuple[tik
     # Named by the path as given, so the manifest's encoding name is what reloads it
     # (``verify --deep`` calls load_encoding(name)).
     params = encoding_params(name=path, pat_str=meta["pat_str"], ranks=ranks, specials=specials)
-    if params["special_tokens"] != meta["special_tokens"] or params["explicit_n_vocab"] != meta.get("n_vocab"):
+    if params.special_tokens != meta["special_tokens"] or params.explicit_n_vocab != meta.get("n_vocab"):
         raise UserError(f"{meta_url}: special tokens or n_vocab do not follow the {len(ranks)} ranks in {path}; retrain with `tokenshards train-bpe`")
     try:
-        encoding = tiktoken.Encoding(**params)
+        encoding = params.encoding()
     except ValueError as e:
         raise UserError(f"{path}: tiktoken rejects this vocabulary ({e}); retrain with `tokenshards train-bpe`") from e
     return encoding, params

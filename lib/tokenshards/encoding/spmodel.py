@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import UserError
 from .boundaries import Boundaries
-from .encoders import SourceFile
+from .records import SourceFile
 from .library import LibraryTokenizer, flat_ids, read_file, sha256
 
 CONTROL, USER_DEFINED, UNUSED = 3, 4, 5

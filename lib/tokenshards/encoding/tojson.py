@@ -5,9 +5,9 @@ So a vocabulary trained by ``train-bpe`` (or any tiktoken encoding) loads in
 ``tokenizers`` library itself, as ``transformers``' ``TikTokenConverter`` does, with three
 differences that matter for exactness:
 
-- one merge per token, the split tiktoken's own BPE reaches it by (``_merges``), not every split:
-  tiktoken only ever forms a token of rank r from the two parts its BPE of that token's bytes,
-  limited to ranks < r, ends with, so those merges in rank order replay its choices exactly;
+- every split of a token into two tokens is a merge (``_merges``), not one merge per token:
+  tiktoken joins any adjacent pair whose join is a token, whatever the parts' ranks (" první"
+  from " pr" + "vní" in Meta's Llama 3 ranks), and ``tokenizers`` only joins listed pairs;
 - the split pattern is rewritten for Oniguruma (``onig_pattern``): there ``x{1,3}+`` is not
   possessive but "one or more of x{1,3}", and ``$`` is the end of a *line*;
 - special tokens keep tiktoken's ids, gaps included (cl100k_base has them).
@@ -17,22 +17,11 @@ The result is checked against tiktoken on awkward text before it is returned.
 from __future__ import annotations
 
 import json
-import re
 
 import tiktoken
 
 from ..errors import UserError
-from .backends import without_possessive_quantifiers
-
-_DOLLAR = re.compile(r"\\.|\[(?:\\.|[^\]])*\]|\$")
-
-
-def onig_pattern(pat_str: str) -> str:
-    """tiktoken's pattern (fancy-regex) as Oniguruma, which ``tokenizers``' ``Regex`` uses, reads it
-    the same: possessive quantifiers dropped (``backends.without_possessive_quantifiers`` says why
-    that changes no split of tiktoken's patterns) and ``$`` → ``\\z`` (end of text, as in Rust)."""
-    return _DOLLAR.sub(lambda m: r"\z" if m.group(0) == "$" else m.group(0), without_possessive_quantifiers(pat_str))
-
+from .patterns import onig_pattern
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte → printable character map that the ByteLevel pre-tokenizer and decoder use."""

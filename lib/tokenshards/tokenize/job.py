@@ -22,7 +22,7 @@ from ..encoding import prebuilt
 from ..encoding import registry
 from ..encoding.backends import backend_version, check_request
 from ..encoding.boundaries import Boundaries
-from ..encoding.encoders import EncoderPlugin
+from ..encoding.plugin import EncoderPlugin
 from ..errors import UserError
 from ..corpus.gather import Corpus, find_inputs, gather, open_inputs
 from ..corpus.inputs import Inputs

@@ -26,7 +26,7 @@ from ..corpus.plan import Piece
 from ..corpus.read import (READ_AT, frame_of, keep_columns, kept_columns, piece_columns, read_piece,
                            unreadable_reason, utf8_or_null)
 from ..encoding.boundaries import Boundaries
-from ..encoding.encoders import WorkerEncoder
+from ..encoding.plugin import WorkerEncoder
 from ..format import v1
 from ..format.v1 import PartitionEntry
 from ..storage.store import begin_write, filesystem, join, write_atomic

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from ..encoding.encoders import WorkerEncoder
+from ..encoding.plugin import WorkerEncoder
 from ..format import v1
 from ..format.v1 import REQUIRED_KEYS, DOCS_COLUMNS, Manifest, PartitionEntry
 

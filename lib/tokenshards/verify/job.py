@@ -30,7 +30,7 @@ from ..cluster import machines
 from ..cluster.options import RunOptions
 from ..encoding import registry
 from ..encoding.boundaries import Boundaries
-from ..encoding.encoders import EncoderPlugin
+from ..encoding.plugin import EncoderPlugin
 from ..errors import UserError
 from ..wording import counted
 from ..corpus.footers import WORKER_FOOTERS
