@@ -1,4 +1,8 @@
-"""Command line: argument parsing only; each subcommand fills a config and calls one function."""
+"""Command line: argument parsing only; each subcommand fills a config and calls one function.
+
+Each command imports its job inside its own function: ``tokenshards --help`` or a mistyped flag
+answers without importing Dask, pyarrow or huggingface_hub, and a local run starts its workers'
+forkserver (``_prestart_local_workers``) before this process imports the rest."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +20,7 @@ from .cluster import interrupt
 from .encoding import names
 from .encoding.boundaries import BOUNDARY_CHOICES
 from .errors import UserError
+from .storage.hubspec import is_hub_url
 
 
 def _storage_option(text: str) -> tuple[str, str]:
@@ -351,7 +356,7 @@ def _run_export(args) -> int:
                           overwrite=args.overwrite, shuffle=args.shuffle, seed=args.seed,
                           weights=tuple(args.weights) if args.weights is not None else None, tokens=args.tokens,
                           **given, **_run_options(args))
-    if args.to.startswith("hf://"):
+    if is_hub_url(args.to):
         from .export.publish import PublishConfig, run_publish
 
         return _print_lines(run_publish(PublishConfig(export=config, staging=args.staging, create_repo=args.create_repo,
@@ -519,7 +524,7 @@ def _after_interrupt(args) -> str:
         return "committed partitions are kept, rerun the same command to resume"
     if command == "download":
         return "files already downloaded are kept, rerun the same command to fetch the rest"
-    if command == "export" and args.to.startswith("hf://"):
+    if command == "export" and is_hub_url(args.to):
         return ("rerun the same command: the staged export is made again unless it was finished, and files already "
                 "on the Hub are not sent again")
     if command == "export":

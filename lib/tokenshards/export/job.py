@@ -18,6 +18,7 @@ import numpy as np
 from ..cluster import machines, runner
 from ..errors import UserError
 from ..format.reader import open_manifest
+from ..storage.hubspec import is_hub_url
 from ..storage.lease import Lease
 from ..format import v1
 from ..storage.store import file_identity, filesystem, is_local, join
@@ -34,7 +35,7 @@ __all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_SHARD_TOKENS", "DEFAULT_VAL_TOKENS", 
 
 def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print) -> ExportSummary:
     """Run the whole export; raises ``UserError`` for anything the user can fix."""
-    if config.to.startswith("hf://"):  # a Hub dataset repo: export into staging, then upload (publish.py)
+    if is_hub_url(config.to):  # a Hub dataset repo: export into staging, then upload (publish.py)
         from .publish import PublishConfig, run_publish
 
         return run_publish(PublishConfig(export=config), announce=announce)

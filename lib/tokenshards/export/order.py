@@ -64,7 +64,3 @@ def divisions(*, val_buckets: int, train_buckets: int) -> list[int]:
     for base, n in ((0, val_buckets), (half, train_buckets)):
         bounds.extend(base + half * b // n for b in range(n))
     return bounds + [KEY_MAX]
-
-
-def bucket_split(divs: list[int], bucket: int) -> str:
-    return "train" if divs[bucket] >= 1 << SPLIT_BIT else "val"

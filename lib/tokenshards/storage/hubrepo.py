@@ -19,13 +19,9 @@ from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, Repositor
 
 from ..errors import UserError
 from .hub.retry import TRANSIENT_STATUS, first_line, retry_call
+from .hubspec import SCHEME
 
-SCHEME = "hf://"
 _DEST = re.compile(r"hf://datasets/([A-Za-z0-9][\w.-]*)/([A-Za-z0-9][\w.-]*)(?:/(.*))?")
-
-
-def is_hub_url(url: str) -> bool:
-    return url.startswith(SCHEME)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,8 @@ PROTOCOL = "hfcache"
 """``hfcache://datasets/REPO@COMMIT/PATH``: a Hub file that each worker machine opens from its own
 copy (``--fetch workers``, ``hub/workerfs.py``). Named here so that code that only tells such a
 reference apart does not import huggingface_hub for it."""
+SCHEME = "hf://"
+"""A Hub dataset repo as an export's destination (``hf://datasets/ORG/NAME[/DIR]``, ``hubrepo``)."""
 _SIZE = re.compile(r"(\d+)\s*BT?", re.IGNORECASE)
 
 
@@ -66,6 +68,11 @@ class HubDataset:
         from huggingface_hub import constants
 
         return self.cache_dir or constants.HF_HUB_CACHE
+
+
+def is_hub_url(url: str) -> bool:
+    """Whether ``url`` names a Hub dataset repo (``export --to hf://...`` publishes there)."""
+    return url.startswith(SCHEME)
 
 
 def size_folder(size: str) -> str:

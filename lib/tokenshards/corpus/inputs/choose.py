@@ -62,6 +62,7 @@ class AutoHub(Inputs):
         self.chosen: Inputs | None = None
 
     def set_up(self, client: Client, *, announce: Announce) -> None:
+        # Kept out of start-up as in ``open_hub`` (which has imported them by now).
         from .hub_client import ClientFetched, download_target
         from .hub_workers import WorkersFetched
 
