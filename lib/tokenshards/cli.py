@@ -341,6 +341,18 @@ def _add_export(sub) -> None:
                    help="one per OUT: its share of the mixture's train tokens (default: each run's size)")
     p.add_argument("--tokens", type=_token_count, metavar="N",
                    help="train tokens of the mixture, e.g. 10B (default: the most that repeats no run)")
+    packed = " and ".join(formats.PACKED)
+    p.add_argument("--seq-len", type=int, metavar="N",
+                   help=f"{packed}: rows of N tokens with each row's document lengths (seq_lengths) and position ids "
+                        "that restart at each document")
+    p.add_argument("--pack", choices=["concat", "best-fit"],
+                   help="with --seq-len: concat cuts the stream into N-token windows (default; only the tail is left "
+                        "over); best-fit places whole documents (longer ones split at N) and pads")
+    p.add_argument("--bos-align", action="store_true",
+                   help="with --seq-len: every row starts at a document's first token (what a cut document loses is counted)")
+    p.add_argument("--columns", type=lambda s: tuple(c for c in s.split(",") if c), metavar="A,B",
+                   help="with --seq-len: optional columns, of position_ids,attention_mask,labels (labels: hf only; "
+                        "default position_ids)")
     _add_cluster_arguments(p, job="tokenshards.export.job")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT and DEST; repeatable")
@@ -355,6 +367,7 @@ def _run_export(args) -> int:
                           shard_tokens=args.shard_tokens, min_shard_tokens=args.min_shard_tokens, prefix=args.prefix,
                           overwrite=args.overwrite, shuffle=args.shuffle, seed=args.seed,
                           weights=tuple(args.weights) if args.weights is not None else None, tokens=args.tokens,
+                          seq_len=args.seq_len, pack=args.pack, bos_align=args.bos_align, columns=args.columns,
                           **given, **_run_options(args))
     if is_hub_url(args.to):
         from .export.publish import PublishConfig, run_publish

@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from .formats import REGISTRY
+from .formats import REGISTRY, hf
 
 MARKER = "<!-- written by tokenshards export; rewritten by the next publish into this folder -->"
 
@@ -39,8 +39,10 @@ def dataset_card(record: dict, *, repo: str, folder: str, record_name: str) -> s
     splits = record["splits"]
     where = f"{repo}/{folder}" if folder else repo
     title = f"{where}: {enc['name']} tokens, {fmt}"
+    # hf exports are parquet the viewer and load_dataset read through `configs`; token shards are not.
+    viewer = (hf.configs_yaml([f["split"] for f in files], folder=folder) if fmt == "hf" else ["viewer: false"])
     header = ["---", f"pretty_name: {json.dumps(title)}", "tags:",
-              *(f"- {t}" for t in ["tokenshards", "tokenized", *tags]), "viewer: false", "---", MARKER, ""]
+              *(f"- {t}" for t in ["tokenshards", "tokenized", *tags]), *viewer, "---", MARKER, ""]
     body = [f"# {title}", "",
             f"Tokenized text for LLM pretraining, written by `tokenshards export --format {fmt}`"
             f"{' into `' + folder + '/`' if folder else ''}. Every fact below is also in "

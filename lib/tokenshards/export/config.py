@@ -44,6 +44,13 @@ class ExportConfig(RunOptions):
     """One per run, normalised; None: each run's train tokens (every document once)."""
     tokens: int | None = None
     """Train tokens of the mixture; None: the most that takes no run twice."""
+    seq_len: int | None = None
+    """Packed sequences of this many tokens (``pack.py``), in the formats of ``formats.PACKED``."""
+    pack: str | None = None
+    """With seq_len: ``concat`` (None) or ``best-fit``."""
+    bos_align: bool = False
+    columns: tuple[str, ...] | None = None
+    """Packed hf's optional columns (``formats.hf.OPTIONAL_COLUMNS``); None: position_ids."""
     # -- how it runs (and RunOptions): never changes the output bytes --
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
@@ -79,6 +86,51 @@ class ExportConfig(RunOptions):
                 raise UserError(f"weight {w!r} for {run} must be a positive number")
         if len(set(self.runs)) != len(self.runs):
             raise UserError(f"a run is given twice ({', '.join(self.runs)}); to weigh it more, use --weights")
+        self._check_packing()
+
+    def _check_packing(self) -> None:
+        from .formats.hf import OPTIONAL_COLUMNS
+        from .pack import MODES
+
+        if self.seq_len is None:
+            for flag, given in (("--pack", self.pack is not None), ("--bos-align", self.bos_align),
+                                ("--columns", self.columns is not None)):
+                if given:
+                    raise UserError(f"{flag} shapes packed sequences; add --seq-len N (e.g. --seq-len 2048)")
+            if self.format == "hf" and len(self.runs) > 1:
+                raise UserError("a mixture in hf format needs --seq-len N: weights divide rows of equal size; "
+                                "or export each run on its own")
+            return
+        if self.format not in formats.PACKED:
+            raise UserError(f"--seq-len: {self.format} is a flat token stream its trainer cuts into sequences itself; "
+                            f"packed sequences are written by {' and '.join(formats.PACKED)} (--format hf)")
+        if self.seq_len < 2:
+            raise UserError(f"--seq-len {self.seq_len} must be at least 2")
+        if self.pack is not None and self.pack not in MODES:
+            raise UserError(f"--pack {self.pack!r} not supported, expected one of {MODES}")
+        unknown = sorted(set(self.columns or ()) - set(OPTIONAL_COLUMNS))
+        if unknown:
+            raise UserError(f"--columns {','.join(unknown)}: expected some of {','.join(OPTIONAL_COLUMNS)} "
+                            "(input_ids and seq_lengths are always written)")
+        if self.columns and self.format != "hf" and set(self.columns) - {"position_ids"}:
+            raise UserError(f"--columns: {self.format} writes input_ids, seq_lengths and position_ids; "
+                            "attention_mask and labels are hf's (--format hf)")
+
+    @property
+    def pack_mode(self) -> str:
+        return self.pack or "concat"
+
+    @property
+    def extra_columns(self) -> tuple[str, ...]:
+        """Optional columns written (packed only): as asked, else position ids."""
+        if self.seq_len is None:
+            return ()
+        return tuple(self.columns) if self.columns is not None else ("position_ids",)
+
+    @property
+    def rows(self) -> bool:
+        """Written row by row (``packed.py``): every packed export, and hf always."""
+        return self.seq_len is not None or self.format == "hf"
 
     @property
     def fmt(self) -> formats.Format:

@@ -41,6 +41,11 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
         return run_publish(PublishConfig(export=config), announce=announce)
     check_destination(config)
     with _made_here(config), _runs_kept(config):
+        if config.rows:  # packed sequences, or hf's parquet rows: written row group by row group
+            from .packed import run_packed_export
+
+            with dest_lease(config, announce=announce) as lease:
+                return run_packed_export(config, lease=lease, announce=announce)
         if config.shuffled:
             from .shuffle import run_shuffled_export
 

@@ -8,10 +8,12 @@ here, its line in ``_MODULES``, and its test.
 from __future__ import annotations
 
 from ..layout import OutFile, Streams
-from . import datatrove, litdata, llmc, mds, megatron, nanogpt, npy, olmo
+from . import datatrove, hf, litdata, llmc, mds, megatron, nanogpt, npy, olmo
 from .base import DEFAULT_PREFIX, MIN_SHARD_FRACTION, Format, Plan, shard_sizes, unsupported
 
-_MODULES = (llmc, npy, nanogpt, megatron, olmo, datatrove, litdata, mds)
+_MODULES = (llmc, npy, nanogpt, megatron, olmo, datatrove, litdata, mds, hf)
+PACKED = ("hf", "npy")
+"""Formats that take ``--seq-len`` (rows of N tokens); the others are flat streams their trainers cut."""
 REGISTRY: dict[str, Format] = {m.FORMAT.name: m.FORMAT for m in _MODULES}
 FORMATS = tuple(REGISTRY)
 
@@ -30,5 +32,5 @@ def shard_files(*, fmt: str, prefix: str, streams: Streams, shard_tokens: int, d
                                         min_shard_tokens=min_shard_tokens))
 
 
-__all__ = ["DEFAULT_PREFIX", "FORMATS", "MIN_SHARD_FRACTION", "REGISTRY", "Format", "Plan", "get", "shard_files",
+__all__ = ["DEFAULT_PREFIX", "FORMATS", "PACKED", "MIN_SHARD_FRACTION", "REGISTRY", "Format", "Plan", "get", "shard_files",
            "shard_sizes"]

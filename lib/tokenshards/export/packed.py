@@ -1,0 +1,563 @@
+"""Row exports: packed sequences (``--seq-len N``, in ``formats.PACKED``) and ``--format hf``.
+
+How it runs (the client holds counts per partition and one shard's row list at a time):
+1. validation documents per run, as every export chooses them (``valsplit``);
+2. one task per (run, partition) packs that partition's validation and train documents
+   (``pack.py``; plain ``concat`` also reads the next partitions' lengths for its last window,
+   so only the stream's tail is left over) and keeps the packing in worker memory; the client
+   gathers the counts;
+3. the rows of each split are the runs' sequences (a mixture's epochs and top-up), in the
+   stream's order or permuted by the seed (``pack.sequence_order``: what is shuffled is whole
+   sequences); each output shard is a range of rows: small tasks pick its sequences out of the
+   partitions' packings, one task writes the shard row group by row group (parquet) or row
+   batch by row batch (npy), reading the tokens from the part files as the other exports do;
+4. local files are written as ``NAME.<uuid>.tmp`` and renamed by the client once all are in;
+   other stores get uncommitted uploads (``autocommit=False``) committed by their task; the
+   export record, written last, is the commit point either way.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import posixpath
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..cluster import machines, runner
+from ..cluster.progress import Progress
+from ..errors import UserError
+from ..storage.store import check_bucket, filesystem, is_local, join, temporary_beside, write_json
+from ..wording import counted
+from . import mix, order, valsplit
+from .common import RECORD_FORMAT, ExportSummary, prepare_dest, record_settings, val_candidates
+from .formats import base as format_base
+from .formats import hf
+from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
+from .shuffle import Catalog, open_runs
+from .view import gather
+from .write import PartInfo, Source, partition_view, _files
+
+SPLITS = ("val", "train")
+ROW_GROUP_TOKENS = 1 << 20
+"""Tokens a writer holds at a time (one parquet row group, one npy batch): ~4 MB of int32 ids."""
+
+
+# -- worker side ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pieces:
+    """A split's packing in one partition, its pieces located in the part files: piece i is tokens
+    [start[i], start[i] + length[i]) of partition part[i]; sequence j is pieces [bounds[j], bounds[j+1])."""
+
+    part: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    bounds: np.ndarray
+    docs: int
+    """Documents of the split in this partition (whether packed whole, cut or dropped)."""
+    doc_tokens: int
+    dropped: int
+
+    @property
+    def sequences(self) -> int:
+        return len(self.bounds) - 1
+
+
+@dataclass(frozen=True)
+class PackedPart:
+    src: int
+    k: int
+    splits: dict
+
+
+@dataclass(frozen=True)
+class Block:
+    """Sequences of one partition going to one shard, with their row in it."""
+
+    src: int
+    part: np.ndarray
+    start: np.ndarray
+    length: np.ndarray
+    bounds: np.ndarray
+    rows: np.ndarray
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardTask:
+    """One output shard: what it is called, what it holds, how rows look."""
+
+    fmt: str
+    name: str
+    """hf: the parquet file; npy: the shard's stem (``npy_names``)."""
+    prefix: str
+    index: int
+    split: str
+    rows: int
+    seq_len: int | None
+    columns: tuple[str, ...]
+    pad_id: int
+    dtype: str
+    dest: str
+    storage_options: dict
+
+
+def pack_part(src: int, k: int, part: PartInfo, following: dict, *, source: Source, threshold, spec: PackSpec,
+              windows: dict) -> PackedPart:
+    """Worker task: one partition's validation and train documents packed (see the module docstring)."""
+    parts = {k: part, **{k2: p2 for split in SPLITS for k2, p2 in following.get(split, ())}}
+    files = _files(source, parts)
+    views = {kk: partition_view(files, kk, parts[kk], threshold) for kk in parts}
+    out = {}
+    for split in SPLITS:
+        chain = [(k, views[k][split])] + [(k2, views[k2][split]) for k2, _ in following.get(split, ())]
+        own = views[k][split]
+        lengths = np.concatenate([v.length for _, v in chain]).astype(np.int64)
+        starts = np.concatenate([v.start for _, v in chain]).astype(np.int64)
+        part_of = np.concatenate([np.full(len(v.length), kk, np.int64) for kk, v in chain])
+        first, own_tokens = windows.get(split, (0, None))
+        p: Packing = pack(lengths, spec, first=first, own=own_tokens)
+        out[split] = Pieces(part=part_of[p.doc], start=starts[p.doc] + p.offset, length=p.length, bounds=p.bounds,
+                            docs=len(own.length), doc_tokens=int(own.length.sum()), dropped=p.dropped)
+    return PackedPart(src=src, k=k, splits=out)
+
+
+def part_counts(packed: PackedPart) -> np.ndarray:
+    """(2, 5) int64, val then train: sequences, tokens in them, documents, document tokens, dropped."""
+    return np.array([[p.sequences, int(p.length.sum()), p.docs, p.doc_tokens, p.dropped]
+                     for p in (packed.splits[s] for s in SPLITS)], dtype=np.int64)
+
+
+def select(packed: PackedPart, split: str, seqs: np.ndarray, rows: np.ndarray) -> Block:
+    """Worker task: sequences ``seqs`` of a partition's packing, bound for rows ``rows`` of a shard."""
+    p = packed.splits[split]
+    counts = p.bounds[seqs + 1] - p.bounds[seqs]
+
+    idx = ranges(p.bounds[seqs], counts)
+    return Block(src=packed.src, part=p.part[idx], start=p.start[idx], length=p.length[idx],
+                 bounds=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), rows=np.asarray(rows, np.int64))
+
+
+def _in_order(blocks: tuple[Block, ...], n_rows: int):
+    """(src, part, start, length, bounds) of a shard's pieces in row order."""
+
+    src = np.concatenate([np.full(len(b.length), b.src, np.int64) for b in blocks])
+    part, start, length = (np.concatenate([getattr(b, c) for b in blocks]) for c in ("part", "start", "length"))
+    base = np.cumsum([0] + [len(b.length) for b in blocks])[:-1]
+    first = np.concatenate([b.bounds[:-1] + o for b, o in zip(blocks, base)])
+    count = np.concatenate([np.diff(b.bounds) for b in blocks])
+    rows = np.concatenate([b.rows for b in blocks])
+    if len(rows) != n_rows or not np.array_equal(np.sort(rows), np.arange(n_rows)):
+        raise RuntimeError(f"a shard's sequences do not cover its {n_rows} rows exactly once")
+    by = np.argsort(rows)
+    idx = ranges(first[by], count[by])
+    bounds = np.concatenate([[0], np.cumsum(count[by])]).astype(np.int64)
+    return src[idx], part[idx], start[idx], length[idx], bounds
+
+
+@contextlib.contextmanager
+def _output(fs, path: str, written: list):
+    """A file being written: locally ``NAME.<uuid>.tmp`` (renamed by the client), elsewhere an
+    upload committed only when the block ends without error."""
+    if is_local(fs):
+        tmp = temporary_beside(path)
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+        written.append((path, tmp))
+        return
+    f = fs.open(path, "wb", autocommit=False)
+    try:
+        yield f
+    except BaseException:
+        with contextlib.suppress(Exception):
+            f.discard()
+        raise
+    f.commit()
+    written.append((path, ""))
+
+
+def write_shard(task: ShardTask, *blocks: Block, catalog: Catalog) -> tuple[list, int, int]:
+    """Worker task: one shard, in batches of ~``ROW_GROUP_TOKENS``; returns (files written as
+    (path, temporary), rows, tokens in them)."""
+    files = catalog.files()
+    src, part, start, length, bounds = _in_order(blocks, task.rows)
+    filled = np.add.reduceat(np.r_[length, 0], bounds[:-1])[:task.rows] if task.rows else np.zeros(0, np.int64)
+    filled = np.where(np.diff(bounds) > 0, filled, 0).astype(np.int64)
+    if task.seq_len:
+        per = max(1, ROW_GROUP_TOKENS // task.seq_len)
+        cuts = list(range(0, task.rows, per)) + [task.rows]
+    else:  # documents: batches of about ROW_GROUP_TOKENS, at least one row each
+        reach = np.cumsum(filled)
+        cuts, r = [0], 0
+        while r < task.rows:
+            r = max(r + 1, int(np.searchsorted(reach, (reach[r - 1] if r else 0) + ROW_GROUP_TOKENS, side="right")))
+            cuts.append(min(r, task.rows))
+
+    def batches():
+        for r0, r1 in zip(cuts[:-1], cuts[1:]):
+            p0, p1 = int(bounds[r0]), int(bounds[r1])
+            tokens = gather(files, src[p0:p1], part[p0:p1], start[p0:p1], start[p0:p1] + length[p0:p1])
+            yield r0, r1, p0, p1, tokens
+
+    fs, root = filesystem(task.dest, task.storage_options)
+    written: list = []
+    if task.fmt == "hf":
+        _write_parquet(fs, join(root, task.name), task, batches(), length, bounds, filled, written)
+    else:
+        _write_npy(fs, root, task, batches(), length, bounds, filled, written)
+    return written, task.rows, int(filled.sum())
+
+
+def _rows_of(task: ShardTask, r0: int, r1: int, p0: int, length: np.ndarray, bounds: np.ndarray, filled: np.ndarray,
+             tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """The batch's columns as 2-D arrays (packed) or flat with offsets (documents)."""
+    n, seq_len = r1 - r0, task.seq_len
+    fill = filled[r0:r1]
+    ids = np.full((n, seq_len), task.pad_id, dtype=np.int64)
+
+    at = ranges(np.arange(n, dtype=np.int64) * seq_len, fill)
+    ids.reshape(-1)[at] = tokens
+    cols = {"input_ids": ids}
+    b = bounds[r0:r1 + 1] - p0
+    piece_len = length[p0:p0 + int(b[-1])]
+    if "position_ids" in task.columns:
+        cols["position_ids"] = position_ids(piece_len, b, seq_len)
+    if "attention_mask" in task.columns or "labels" in task.columns:
+        real = np.zeros((n, seq_len), dtype=bool)
+        real.reshape(-1)[at] = True
+        if "attention_mask" in task.columns:
+            cols["attention_mask"] = real.astype(np.int8)
+        if "labels" in task.columns:
+            labels = np.where(real, ids, hf.LABEL_IGNORE)
+            # no loss on a document's first token: it would be predicted from another document
+            piece_at = np.concatenate([[0], np.cumsum(piece_len)[:-1]]).astype(np.int64)
+            row_of = np.repeat(np.arange(n), np.diff(b))
+            row_start = np.concatenate([[0], np.cumsum(fill)[:-1]])
+            labels.reshape(-1)[row_of * seq_len + piece_at - row_start[row_of]] = hf.LABEL_IGNORE
+            cols["labels"] = labels
+    return cols
+
+
+def _write_parquet(fs, path: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    packed = task.seq_len is not None
+    schema = hf.schema(task.columns, packed=packed)
+
+    def lists(values: np.ndarray, offsets: np.ndarray, kind) -> pa.Array:
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, kind))
+
+    with _output(fs, path, written) as f:
+        with pq.ParquetWriter(f, schema, compression="zstd") as writer:
+            for r0, r1, p0, p1, tokens in batches:
+                if packed:
+                    cols = _rows_of(task, r0, r1, p0, length, bounds, filled, tokens)
+                    n = r1 - r0
+                    offsets = np.arange(n + 1, dtype=np.int64) * task.seq_len
+                    arrays = {name: lists(a.reshape(-1), offsets, schema.field(name).type.value_type)
+                              for name, a in cols.items()}
+                    arrays["seq_lengths"] = lists(length[p0:p1], bounds[r0:r1 + 1] - p0, pa.int32())
+                else:
+                    offsets = np.concatenate([[0], np.cumsum(filled[r0:r1])])
+                    arrays = {"input_ids": lists(tokens.astype(np.int64), offsets, pa.int32())}
+                writer.write_table(pa.table([arrays[name] for name in schema.names], schema=schema),
+                                   row_group_size=max(1, r1 - r0))
+
+
+def npy_names(prefix: str, split: str, index: int, columns: tuple[str, ...]) -> dict[str, str]:
+    """A packed npy shard's files: the (rows, N) ids, each row's document lengths (flat, with an
+    index of where each row's start), and position ids when asked."""
+    base = f"{prefix}_{split}_{index:06d}"
+    names = {"input_ids": f"{base}.npy", "seq_lengths": f"{base}.seq_lengths.npy", "seq_index": f"{base}.seq_index.npy"}
+    if "position_ids" in columns:
+        names["position_ids"] = f"{base}.position_ids.npy"
+    return names
+
+
+def _write_npy(fs, root: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
+    from .formats.npy import header
+
+    names = npy_names(task.prefix, task.split, task.index, task.columns)
+    n, seq_len = task.rows, task.seq_len
+    with contextlib.ExitStack() as stack:
+        out = {key: stack.enter_context(_output(fs, join(root, name), written)) for key, name in names.items()}
+        out["input_ids"].write(_npy_header(task.dtype, (n, seq_len)))
+        if "position_ids" in out:
+            out["position_ids"].write(_npy_header("<i4", (n, seq_len)))
+        for r0, r1, p0, p1, tokens in batches:
+            cols = _rows_of(task, r0, r1, p0, length, bounds, filled, tokens)
+            out["input_ids"].write(cols["input_ids"].astype(task.dtype).tobytes())
+            if "position_ids" in out:
+                out["position_ids"].write(cols["position_ids"].astype("<i4").tobytes())
+        out["seq_lengths"].write(header(dtype="<i4", count=len(length)) + length.astype("<i4").tobytes())
+        out["seq_index"].write(header(dtype="<i8", count=len(bounds)) + bounds.astype("<i8").tobytes())
+
+
+def _npy_header(dtype: str, shape: tuple) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                               "fortran_order": False, "shape": shape})
+    return buf.getvalue()
+
+
+# -- client side ------------------------------------------------------------------------------------
+def _explain(what: str) -> Callable:
+    return lambda item, e: UserError(f"{what} failed: {type(e).__name__}: {e}")
+
+
+def _bounds(x) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(np.asarray(x, dtype=np.int64))]).astype(np.int64)
+
+
+def concat_windows(tokens: np.ndarray, seq_len: int) -> tuple[list, list]:
+    """For plain concat: per partition, (where its first window starts, its own tokens), and the
+    partitions after it whose documents its last window reaches into."""
+    b = _bounds(tokens)
+    windows, following = [], []
+    for k in range(len(tokens)):
+        first = int(-b[k] % seq_len)
+        windows.append((first, int(tokens[k])))
+        last_start = b[k] + first + ((int(tokens[k]) - first - 1) // seq_len) * seq_len if tokens[k] > first else None
+        reach = []
+        if last_start is not None:
+            end = last_start + seq_len
+            k2 = k + 1
+            while k2 < len(tokens) and b[k2] < end:
+                reach.append(k2)
+                k2 += 1
+        following.append(reach)
+    return windows, following
+
+
+def run_packed_export(config, *, lease, announce: Callable[[str], None] = print) -> ExportSummary:
+    """A packed export, or an hf one, while holding DEST's ``lease``; see the module docstring."""
+    t0 = time.perf_counter()
+    runs = open_runs(config)
+    names = [r.path for r in runs]
+    manifest = runs[0].manifest
+    spec = PackSpec(seq_len=config.seq_len, mode=config.pack_mode, bos_align=config.bos_align)
+    enc = manifest.encoding
+    dtype = config.fmt.dtype(enc.dtype) if config.format != "hf" else enc.dtype
+    columns = config.extra_columns
+    pad_id = enc.eot if enc.eot is not None and enc.eot >= 0 else 0
+    sizes = [r.tokens for r in runs]
+    val_split = mix.split_val(config.val_tokens, mix.weights_of(config.weights, sizes, names))
+    for run, want, size in zip(runs, val_split, sizes):
+        if want and want >= size:
+            raise UserError(f"--val-tokens {config.val_tokens:,} asks {want:,} validation tokens of {run.path}, which holds "
+                            f"{size:,}; pass a smaller --val-tokens (or 0 for no validation set)")
+    dest_fs, dest_root = filesystem(config.to, config.storage_options)
+    check_bucket(dest_fs, dest_root, config.to, what="export destination")
+    prepare_dest(dest_fs, dest_root, config)
+    _check_card(dest_fs, dest_root, config)
+    seed = config.seed or 0
+
+    local_paths = [machines.reading_run("RUN", r.path, r.manifest.files(filesystem(r.path, config.storage_options)[1]))
+                   for r in runs]
+    with runner.connect_to(config, announce=announce,
+                           local_paths=[*local_paths, machines.PathUse(option="--to", url=config.to, writes=True)]) as client:
+        thresholds = []
+        for n, (run, want) in enumerate(zip(runs, val_split)):
+            threshold = None
+            if want:
+                final = val_candidates(client, run.parts, source=run.source, val_tokens=want)
+                threshold, vd, vt = valsplit.choose(final, n_parts=len(run.parts))
+                parts = [dataclasses.replace(p, val_docs=int(d), val_tokens=int(t)) for p, d, t in zip(run.parts, vd, vt)]
+                runs[n] = run = dataclasses.replace(run, parts=parts)
+            thresholds.append(threshold)
+
+        announce(f"packing {counted(sum(len(r.parts) for r in runs), 'partition')} of {counted(len(runs), 'run')}"
+                 + (f" into sequences of {config.seq_len:,} tokens ({spec.mode}{', BOS-aligned' if spec.bos_align else ''})"
+                    if spec.packed else " into document rows"))
+        packed: list[list] = []
+        for run, threshold in zip(runs, thresholds):
+            windows = [{} for _ in run.parts]
+            following = [{} for _ in run.parts]
+            if spec.packed and spec.mode == "concat" and not spec.bos_align:
+                for split in SPLITS:
+                    toks = np.array([p.val_tokens if split == "val" else p.entry.tokens - p.val_tokens for p in run.parts])
+                    w, f = concat_windows(toks, config.seq_len)
+                    for k in range(len(run.parts)):
+                        windows[k][split] = w[k]
+                        following[k][split] = [(k2, run.parts[k2]) for k2 in f[k]]
+            packed.append([client.submit(pack_part, run.index, k, p, following[k], source=run.source,
+                                         threshold=threshold, spec=spec, windows=windows[k], pure=False)
+                           for k, p in enumerate(run.parts)])
+        try:
+            return _write(client, config, runs, packed, spec=spec, columns=columns, pad_id=pad_id, dtype=dtype, seed=seed,
+                          dest_fs=dest_fs, dest_root=dest_root, lease=lease, t0=t0, announce=announce)
+        finally:
+            for futures in packed:
+                runner.drop(futures)
+
+
+def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int, dtype: str, seed: int, dest_fs,
+           dest_root: str, lease, t0: float, announce) -> ExportSummary:
+    names = [r.path for r in runs]
+    all_futures = [f for fs in packed for f in fs]
+    labels = [f"packing partition {k} of {r.path}" for r in runs for k in range(len(r.parts))]
+    counts = runner.gather(client, [client.submit(part_counts, f, pure=False) for f in all_futures], labels,
+                           explain=_explain("packing"))
+    per_run, at = [], 0
+    for r in runs:
+        per_run.append(np.array(counts[at:at + len(r.parts)], dtype=np.int64).reshape(len(r.parts), 2, 5))
+        at += len(r.parts)
+    seq_bounds = {split: [_bounds(c[:, i, 0]) for c in per_run] for i, split in enumerate(SPLITS)}
+    sequences = {split: [int(b[-1]) for b in seq_bounds[split]] for split in SPLITS}
+    if not sum(sequences["train"]):
+        raise UserError(f"no train {'sequence of ' + format(config.seq_len, ',') + ' tokens' if spec.packed else 'rows'} "
+                        f"in {', '.join(names)}: pass a smaller --seq-len or --val-tokens")
+
+    # Which copies of each run's sequences each split holds (a mixture weighs runs by sequences).
+    copies = {"val": [Copies(sequences=s) for s in sequences["val"]]}
+    if len(runs) > 1 or config.weights is not None or config.tokens is not None:
+        available = sequences["train"]
+        weights = mix.weights_of(config.weights, available, names)
+        total = -(-config.tokens // config.seq_len) if config.tokens is not None else mix.default_total(available, weights)
+        shares = mix.shares(available=available, weights=weights, total=total, runs=names)
+        copies["train"] = [Copies(sequences=s.available, epochs=s.epochs, extra=s.remainder,
+                                  salt=int(order.salt(seed=seed, purpose="packed-select", source=r)))
+                           for r, s in enumerate(shares)]
+    else:
+        copies["train"] = [Copies(sequences=s) for s in sequences["train"]]
+    salts = {split: (order.salt(seed=seed, purpose=f"packed-{split}") if config.shuffled else None) for split in SPLITS}
+
+    rows_total = {split: sum(c.total for c in copies[split]) for split in SPLITS}
+    shards: list[tuple[ShardTask, int, int]] = []
+    for split in SPLITS:
+        n = rows_total[split]
+        if not n:
+            continue
+        if spec.packed:
+            per = max(1, config.shard_size // config.seq_len)
+            least = config.min_shard_size // config.seq_len
+        else:
+            docs = sum(int(c[:, SPLITS.index(split), 0].sum()) for c in per_run)
+            toks = sum(int(c[:, SPLITS.index(split), 1].sum()) for c in per_run)
+            per = max(1, round(config.shard_size * docs / max(toks, 1)))
+            least = round(config.min_shard_size * docs / max(toks, 1))
+        lo = 0
+        for i, size in enumerate(format_base.shard_sizes(n, shard_tokens=per, min_shard_tokens=least)):
+            name = (hf.shard_name(config.name_prefix, split, i) if config.format == "hf"
+                    else f"{config.name_prefix}_{split}_{i:06d}")
+            shards.append((ShardTask(fmt=config.format, name=name, prefix=config.name_prefix, index=i, split=split, rows=size, seq_len=spec.seq_len,
+                                     columns=columns, pad_id=pad_id, dtype=dtype, dest=config.to,
+                                     storage_options=config.storage_options), lo, lo + size))
+            lo += size
+
+    catalog = client.scatter(Catalog(sources=tuple(r.source for r in runs),
+                                     entries=tuple(tuple(p.entry for p in r.parts) for r in runs)), hash=False)
+    futures, tasks = [], []
+    for task, lo, hi in shards:
+        run, seq = sequence_order(lo, hi, copies[task.split], salt=salts[task.split])
+        rows = np.arange(hi - lo, dtype=np.int64)
+        blocks = []
+        for r in np.unique(run).tolist():
+            mine = run == r
+            sb = seq_bounds[task.split][r]
+            k = np.searchsorted(sb, seq[mine], side="right") - 1
+            by = np.argsort(k, kind="stable")
+            ks, local, where = k[by], (seq[mine] - sb[k])[by], rows[mine][by]
+            cuts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1], True]).tolist()
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                blocks.append(client.submit(select, packed[r][int(ks[a])], task.split, local[a:b], where[a:b], pure=False))
+        futures.append(client.submit(write_shard, task, *blocks, catalog=catalog, pure=False))
+        tasks.append(task)
+    announce(f"writing {counted(len(tasks), 'shard')} to {config.to}")
+    written, got, carried = [], {s: [0, 0] for s in SPLITS}, {}
+    progress = Progress(len(tasks), mode=config.progress, unit="shards", amount=None)
+    for task, (files, rows, tokens) in runner.each_result(client, futures, tasks, progress=progress,
+                                                          explain=_explain(f"writing {config.to}")):
+        written.extend(files)
+        carried[join(dest_root, task.name if task.fmt == "hf" else f"{task.name}.npy")] = tokens  # side files: none
+        got[task.split][0] += rows
+        got[task.split][1] += tokens
+    for path, tmp in sorted(written):
+        if tmp:
+            os.replace(tmp, path)
+    rel = sorted((posixpath.relpath(p, dest_root) if is_local(dest_fs) else p[len(dest_root.rstrip("/")) + 1:],
+                  carried.get(p, 0)) for p, _ in written)
+    return _finish(config, runs, per_run, got, rel, spec=spec, columns=columns, dtype=dtype, seed=seed,
+                   dest_fs=dest_fs, dest_root=dest_root, lease=lease, t0=t0, copies=copies)
+
+
+def _split_of(name: str, prefix: str) -> str:
+    if name.startswith(hf.SPLIT_DIRS["val"] + "/") or name.startswith(f"{prefix}_val_"):
+        return "val"
+    return "train"
+
+
+def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: PackSpec, columns, dtype, seed, dest_fs, dest_root,
+            lease, t0, copies) -> ExportSummary:
+    """The record (and hf's card), then the summary."""
+    splits = {}
+    notes = []
+    for i, split in enumerate(SPLITS):
+        c = sum(x[:, i, :].sum(axis=0) for x in per_run)
+        rows, tokens = got[split]
+        info = {"docs": int(c[2]), "tokens": tokens, "rows": rows, "source_tokens": int(c[3])}
+        if spec.packed:
+            one_pass = int(c[1])
+            info.update(padding=rows * spec.seq_len - tokens, dropped=int(c[3]) - one_pass)
+            if rows:
+                notes.append(f"{split}: {rows:,} sequences of {spec.seq_len:,} tokens; padding {info['padding']:,} tokens "
+                             f"({info['padding'] / (rows * spec.seq_len):.2%}); left over {info['dropped']:,} of "
+                             f"{int(c[3]):,} tokens" + (" (the stream's tail)" if spec.mode == "concat" and not spec.bos_align
+                                                        else ""))
+        splits[split] = info
+    file_list = []
+    for name, tokens in files:
+        path = join(dest_root, name)
+        file_list.append({"name": name, "split": _split_of(name, config.name_prefix), "tokens": tokens,
+                          "bytes": int(dest_fs.size(path))})
+    record = {
+        "format": RECORD_FORMAT,
+        "export_format": config.format,
+        "source": runs[0].path if len(runs) == 1 else None,
+        "source_job": runs[0].manifest.job,
+        **record_settings(config, runs[0].manifest, dtype),
+        "val_selection": "per run, whole documents with the smallest blake2b-64(id), ties by (input, row), until its "
+                         "share of val_tokens is reached",
+        "packing": ({"seq_len": spec.seq_len, "mode": spec.mode, "bos_align": spec.bos_align,
+                     "window_docs": spec.window if spec.mode == "best-fit" else None,
+                     "unit": "each partition of each run is packed on its own" + (
+                         "; concat's windows run on across partitions" if spec.mode == "concat" and not spec.bos_align else "")}
+                    if spec.packed else None),
+        "columns": ["input_ids", *(["seq_lengths"] if spec.packed else []), *columns],
+        "order": ({"shuffle": True, "seed": seed, "key": "seeded Feistel permutation of whole rows (pack.permute)"}
+                  if config.shuffled else None),
+        "sources": [{"path": r.path, "source_job": r.manifest.job, "sequences": c.sequences, "epochs": c.epochs,
+                     "extra": c.extra} for r, c in zip(runs, copies["train"])],
+        "splits": splits,
+        "files": file_list,
+    }
+    lease.check()
+    if config.format == "hf":
+        from ..storage.store import write_atomic
+
+        write_atomic(dest_fs, join(dest_root, "README.md"), hf.local_card(record).encode())
+    write_json(dest_fs, join(dest_root, config.fmt.record_name(config.name_prefix)), record)
+    return ExportSummary(to=config.to, files=[name for name, _ in files], val_docs=splits["val"]["docs"], val_tokens=splits["val"]["tokens"],
+                         train_docs=splits["train"]["docs"], train_tokens=splits["train"]["tokens"],
+                         seconds=time.perf_counter() - t0, notes=tuple(notes))
+
+
+def _check_card(fs, root: str, config) -> None:
+    """An hf export writes DEST/README.md: one that is not an earlier export's is kept unless --overwrite."""
+    if config.format != "hf":
+        return
+    path = join(root, "README.md")
+    with contextlib.suppress(OSError, ValueError):
+        if fs.exists(path) and hf.CARD_MARKER.encode() not in fs.cat_file(path) and not config.overwrite:
+            raise UserError(f"{config.to} holds a README.md of its own; an hf export writes its dataset card there: "
+                            "choose another --to or pass --overwrite to replace it")
