@@ -1,0 +1,144 @@
+"""``export --format hf`` read by the real ``datasets``: ``load_dataset(PATH)`` through the card's
+``configs`` and ``load_dataset("parquet", data_files=...)``, ids equal to the run's documents
+(readback.py, through test_export's expectations), packed and not, shuffled, and published to the
+stand-in Hub then loaded from a snapshot of the repo."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from huggingface_hub import snapshot_download
+from test_export import expected_split, flat, tokenize_to, write_corpus
+from test_publish import REPO, hub  # noqa: F401 - hub: the stand-in Hub fixture
+
+from tokenshards.cli import main
+from tokenshards.errors import UserError
+from tokenshards.export import ExportConfig, run_export
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Use 'content=<...>' to upload raw bytes/text content.:DeprecationWarning")  # as test_publish.py
+
+VAL = 1500
+N = 64
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, cluster):
+    root = tmp_path_factory.mktemp("hf")
+    write_corpus(root / "in")
+    out = tokenize_to(cluster, root / "in", root / "out", partition_bytes=6000)
+    return {"root": root, "out": out, "split": expected_split(out, VAL)}
+
+
+def export(cluster, run, name, **options) -> Path:
+    to = run["root"] / name
+    run_export(ExportConfig(out=str(run["out"]), to=str(to), scheduler=cluster.scheduler_address, progress="none",
+                            val_tokens=VAL, **options), announce=lambda m: None)
+    return to
+
+
+def load(path: Path, tmp_path: Path, **kw):
+    return datasets.load_dataset(str(path), cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def test_document_rows_load_with_datasets_and_equal_the_run(cluster, run, tmp_path):
+    to = export(cluster, run, "docs", format="hf", shard_tokens=5000)
+    val, train = run["split"]
+    ds = load(to, tmp_path)
+    assert set(ds) == {"train", "validation"}
+    assert ds["train"]["input_ids"] == train and ds["validation"]["input_ids"] == val
+    assert ds["train"].column_names == ["input_ids"]
+    assert len(list((to / "train").glob("*.parquet"))) > 1  # sharded by --shard-tokens
+    by_files = datasets.load_dataset("parquet", data_files={"train": str(to / "train" / "*.parquet")},
+                                     cache_dir=str(tmp_path / "cache2"), split="train")
+    assert by_files["input_ids"] == train
+    record = json.loads((to / "fineweb_export.json").read_text())
+    assert {f["name"] for f in record["files"]} == {str(p.relative_to(to)) for p in to.rglob("*.parquet")}
+    assert record["splits"]["train"]["tokens"] == len(flat(train))
+
+
+def test_packed_rows_are_the_stream_in_seq_len_windows_with_boundaries(cluster, run, tmp_path):
+    to = export(cluster, run, "packed", format="hf", seq_len=N, columns=("position_ids", "attention_mask", "labels"))
+    _, train = run["split"]
+    ds = load(to, tmp_path, split="train")
+    stream = flat(train)
+    ids = np.array(ds["input_ids"])
+    assert ids.shape == (len(stream) // N, N)
+    assert ids.reshape(-1).tolist() == stream[:ids.size]
+    starts = np.cumsum([0] + [len(d) for d in train])
+    for i, (lengths, pos, mask, labels) in enumerate(zip(ds["seq_lengths"], ds["position_ids"], ds["attention_mask"],
+                                                         ds["labels"])):
+        # the documents' boundaries inside window i, from the run's own document lengths
+        cuts = sorted({0, N, *(int(s) - i * N for s in starts if i * N < s < (i + 1) * N)})
+        assert lengths == np.diff(cuts).tolist()
+        assert pos == [j for n in lengths for j in range(n)] and mask == [1] * N
+        firsts = set(np.cumsum([0] + lengths[:-1]).tolist())
+        assert labels == [-100 if j in firsts else t for j, t in enumerate(ids[i].tolist())]
+
+
+def test_best_fit_shuffled_rows_pad_and_load(cluster, run, tmp_path):
+    to = export(cluster, run, "best-fit", format="hf", seq_len=N, pack="best-fit", shuffle=True, seed=3,
+                columns=("attention_mask",))
+    _, train = run["split"]
+    ds = load(to, tmp_path, split="train")
+    pieces = []
+    for ids, lengths, mask in zip(ds["input_ids"], ds["seq_lengths"], ds["attention_mask"]):
+        at = 0
+        for n in lengths:
+            pieces.append(tuple(ids[at:at + n]))
+            at += n
+        assert mask == [1] * at + [0] * (N - at)
+    assert sorted(pieces) == sorted(tuple(d[i:i + N]) for d in train for i in range(0, len(d), N))
+
+
+def test_shuffled_document_rows_are_a_permutation(cluster, run, tmp_path):
+    to = export(cluster, run, "docs-shuffled", format="hf", shuffle=True, seed=1)
+    val, train = run["split"]
+    ds = load(to, tmp_path)
+    got = ds["train"]["input_ids"]
+    assert sorted(map(tuple, got)) == sorted(map(tuple, train)) and got != train
+    again = export(cluster, run, "docs-shuffled-again", format="hf", shuffle=True, seed=1, chunk_bytes=777)
+    assert all((again / p.relative_to(to)).read_bytes() == p.read_bytes() for p in to.rglob("*.parquet"))
+
+
+def test_row_groups_are_bounded(cluster, run):
+    """A shard is written row group by row group; each holds at most ~ROW_GROUP_TOKENS tokens."""
+    from tokenshards.export.packed import ROW_GROUP_TOKENS
+
+    to = export(cluster, run, "groups", format="hf", seq_len=N)
+    for p in to.rglob("*.parquet"):
+        meta = pq.ParquetFile(p).metadata
+        assert all(meta.row_group(g).num_rows * N <= max(ROW_GROUP_TOKENS, N) for g in range(meta.num_row_groups))
+
+
+def test_hf_mistakes_are_one_line(cluster, run, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "README.md").write_text("my notes\n")
+    with pytest.raises(UserError, match="README.md of its own"):
+        run_export(ExportConfig(out=str(run["out"]), to=str(tmp_path / "mine"), format="hf", val_tokens=VAL,
+                                scheduler=cluster.scheduler_address, progress="none"), announce=lambda m: None)
+    assert (tmp_path / "mine" / "README.md").read_text() == "my notes\n"
+    with pytest.raises(UserError, match="needs --seq-len"):
+        ExportConfig(out="a", mix_with=("b",), to="dest", format="hf")
+
+
+def test_publish_to_the_hub_then_load_the_repo(cluster, run, hub, tmp_path, capsys):  # noqa: F811
+    code = main(["export", str(run["out"]), "--format", "hf", "--seq-len", str(N), "--pack", "best-fit",
+                 "--to", f"hf://datasets/{REPO}", "--val-tokens", str(VAL), "--create-repo",
+                 "--scheduler", cluster.scheduler_address, "--progress", "none"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    snap = Path(snapshot_download(repo_id=REPO, repo_type="dataset", endpoint=hub.url,
+                                  cache_dir=str(tmp_path / "snap-cache")))
+    card = (snap / "README.md").read_text()
+    assert "configs:" in card and "viewer: false" not in card
+    ds = load(snap, tmp_path)
+    val, train = run["split"]
+    for split, docs in (("train", train), ("validation", val)):
+        got = [tuple(ids[at:at + n]) for ids, lengths in zip(ds[split]["input_ids"], ds[split]["seq_lengths"])
+               for at, n in zip(np.cumsum([0] + lengths[:-1]).tolist(), lengths)]
+        assert sorted(got) == sorted(tuple(d[i:i + N]) for d in docs for i in range(0, len(d), N))
