@@ -235,7 +235,7 @@ def test_earlier_export_refused_then_overwritten_without_stale_shards(cluster, c
 @pytest.mark.parametrize("options, message", [
     ({"format": "parquet"}, r"--format 'parquet' not supported, expected one of \('llmc'"),
     ({"format": "nanogpt", "prefix": "x"}, r"--prefix does not apply to nanogpt"),
-    ({"format": "megatron", "shard_tokens": 10}, r"--shard-tokens applies to llmc and npy"),
+    ({"format": "megatron", "shard_tokens": 10}, r"--shard-tokens applies to llmc, npy and hf"),
     ({"format": "llmc", "shard_tokens": 2**31}, r"over llm.c's limit of 2,147,483,647"),
     ({"format": "llmc", "prefix": "a/b"}, r"--prefix 'a/b': expected a plain file name prefix"),
     ({"format": "llmc", "val_tokens": -1}, r"--val-tokens -1 must be 0"),

@@ -192,7 +192,7 @@ def test_a_short_last_shard_joins_the_one_before(gpt2_run, cluster, tmp_path, ca
 
 def test_min_shard_tokens_is_refused_where_there_are_no_shards(tmp_path, capsys):
     code, _, err = _cli(capsys, ["export", tmp_path, "--format", "megatron", "--to", tmp_path / "d", "--min-shard-tokens", 5])
-    assert code == 2 and _one_error(err) == "--min-shard-tokens applies to llmc and npy; megatron writes one file per split"
+    assert code == 2 and _one_error(err) == "--min-shard-tokens applies to llmc, npy and hf; megatron writes one file per split"
 
 
 # -- verify (export, inspect) on a folder that is not a run --------------------------------------------

@@ -57,7 +57,8 @@ class ExportConfig(RunOptions):
     def __post_init__(self):
         super().__post_init__()
         fmt = formats.get(self.format)
-        sharded = " and ".join(f.name for f in formats.REGISTRY.values() if f.sharded)
+        names = [f.name for f in formats.REGISTRY.values() if f.sharded]
+        sharded = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
         for flag, value in (("--shard-tokens", self.shard_tokens), ("--min-shard-tokens", self.min_shard_tokens)):
             if value is not None and not fmt.sharded:
                 raise UserError(f"{flag} applies to {sharded}; {self.format} writes one file per split")
