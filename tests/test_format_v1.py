@@ -139,7 +139,7 @@ def test_npy_header_parser_refuses_what_is_not_npy():
 
 
 def test_done_record_reads_back_as_the_entry_it_commits(tmp_path):
-    """resume writes a done record from the entry and reads committed entries back typed, equal."""
+    """A done record is written from the entry, and resume reads committed entries back typed, equal."""
     from tokenshards.errors import OutputConflict
     from tokenshards.storage.store import filesystem
     from tokenshards.tokenize import resume
@@ -152,7 +152,7 @@ def test_done_record_reads_back_as_the_entry_it_commits(tmp_path):
     (tmp_path / entry.tokens_file).write_bytes(files.tokens)  # resume trusts a partition whose files are there
     (tmp_path / entry.docs_file).write_bytes(files.docs)
     done = tmp_path / v1.done_file(entry.index)
-    done.write_text(json.dumps(resume.done_record(entry, "job-1")))
+    done.write_bytes(v1.DoneRecord(entry=entry, job="job-1").to_bytes())
     assert list(json.loads(done.read_text())) == list(v1.ENTRY_KEYS) + ["backend", "tokens_bytes", "docs_bytes", "job"]
     fs, root = filesystem(str(tmp_path))
     assert resume.committed_entries(fs, root, job="job-1", pieces=[_Piece()]) == {7: entry}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -228,10 +229,7 @@ def manifest_problems(d) -> list[str]:
         problems.append(f"inputs is {_show(inputs)}, expected a list")
     else:
         for i, inp in enumerate(inputs):
-            if not (isinstance(inp, dict) and isinstance(inp.get("path"), str)):
-                problems.append(f"inputs[{i}] is {_show(inp)}, expected an object with a path")
-            elif inp.get("rows") is not None and not _is_count(inp["rows"]):
-                problems.append(f"inputs[{i}].rows is {_show(inp['rows'])}, expected a count")
+            problems += input_problems(inp, where=f"inputs[{i}]")
     for key in ("skipped_inputs",):
         if d.get(key) is not None and not (isinstance(d[key], list) and all(isinstance(s, dict) for s in d[key])):
             problems.append(f"{key} is {_show(d[key])}, expected a list of objects")
@@ -249,6 +247,17 @@ def manifest_problems(d) -> list[str]:
     else:
         problems += [f"totals.{k} is {_show(totals[k])}, expected a count (an int in 0..2**63-1)"
                      for k in (*TOTAL_KEYS, "skipped_invalid") if k in totals and not _is_count(totals[k])]
+    return problems
+
+
+def input_problems(d, *, where: str = "input") -> list[str]:
+    """What makes one ``inputs`` entry (of the manifest or the job file) unusable."""
+    if not (isinstance(d, dict) and isinstance(d.get("path"), str)):
+        return [f"{where} is {_show(d)}, expected an object with a path"]
+    problems = [f"{where}.{k} is {_show(d[k])}, expected a count" for k in ("rows", "bytes", "generation")
+                if d.get(k) is not None and not _is_count(d[k])]
+    if d.get("identity") is not None and not isinstance(d["identity"], dict):
+        problems.append(f"{where}.identity is {_show(d['identity'])}, expected an object")
     return problems
 
 
@@ -270,7 +279,7 @@ def bookkeeping_problems(manifest: "Manifest") -> list[str]:
     if missing:
         problems.append(f"partition indices {ranges(missing)} are missing "
                         f"(expected 0..{planned - 1}, each once, less those in skipped_inputs)")
-    known_inputs = {i.get("path") for i in manifest.inputs if isinstance(i, dict)}
+    known_inputs = {i.path for i in manifest.input_records}
     for e in entries:
         where = f"partition {e.index}"
         problems += [f"{where}: {p}" for p in _rows_problem(e.rows, e.docs, e.skipped_null, e.skipped_empty,
@@ -308,10 +317,10 @@ def coverage_problems(manifest: "Manifest") -> list[str]:
         if isinstance(s, dict) and "partition" in s:
             by_input.setdefault(s.get("path"), []).append((s.get("row_groups"), s.get("rows"), s["partition"]))
     problems = []
-    for inp in manifest.inputs:
-        if not isinstance(inp, dict) or not _is_count(inp.get("rows")):
+    for inp in manifest.input_records:
+        if inp.rows is None:
             continue
-        path, rows = inp.get("path"), inp["rows"]
+        path, rows = inp.path, inp.rows
         parts = [p for p in by_input.get(path, []) if isinstance(p[0], (list, tuple)) and len(p[0]) == 2]
         parts.sort(key=lambda p: tuple(p[0]))
         if not by_input.get(path):
@@ -401,6 +410,82 @@ class PartitionEntry:
         if "invalid_rows" in optional:
             optional["invalid_rows"] = tuple(optional["invalid_rows"])
         return cls(**values, **optional, extra={k: v for k, v in d.items() if k not in known})
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputRecord:
+    """One input as OUT records it: an entry of the manifest's ``inputs`` and of the job file's
+    (which has no ``name``). Its ``identity`` guards a rerun against a replaced file."""
+
+    path: str
+    """Where tasks open it (a path, a URL, ``hfcache://``); the key every partition's ``input`` names."""
+    name: str | None = None
+    """What ``"<name>:<row>"`` ids are made of (manifest only)."""
+    rows: int | None = None
+    bytes: int | None = None
+    identity: dict | None = None
+    """``store.file_identity`` when it was planned; absent in runs of early versions."""
+    generation: int | None = None
+    """Which growth (``tokenize --add``) added it; written once a run is grown."""
+    extra: dict = field(default_factory=dict)
+    """Keys this version does not know, kept so that nothing read is lost."""
+
+    @property
+    def added_by(self) -> int:
+        """The generation that added it: 0 for the first run (a run never grown records none)."""
+        return self.generation or 0
+
+    def to_dict(self) -> dict:
+        """The JSON object, keys in the order every tokenshards run has written them."""
+        out: dict = {"path": self.path}
+        for key in ("name", "rows", "bytes", "identity", "generation"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, d, *, where: str = "input") -> "InputRecord":
+        """Parse and check (``input_problems``): ``ManifestError`` names the first problem."""
+        problems = input_problems(d, where=where)
+        if problems:
+            raise ManifestError(_first(problems))
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+        return cls(**{k: d[k] for k in names if d.get(k) is not None},
+                   extra={k: v for k, v in d.items() if k not in names})
+
+    @classmethod
+    def all_from(cls, inputs, *, where: str = "inputs") -> "tuple[InputRecord, ...]":
+        """A list of entries (a manifest's or a job file's ``inputs``)."""
+        if not isinstance(inputs, (list, tuple)):
+            raise ManifestError(f"{where} is {_show(inputs)}, expected a list")
+        return tuple(cls.from_dict(d, where=f"{where}[{i}]") for i, d in enumerate(inputs))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DoneRecord:
+    """``parts/part-NNNNN.done.json``: a partition's manifest entry and the job that wrote it.
+    Its presence commits the partition; it is written last, once both data files are whole."""
+
+    entry: PartitionEntry
+    job: str
+
+    def to_dict(self) -> dict:
+        return {**self.entry.to_dict(), "job": self.job}
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict()).encode()
+
+    @classmethod
+    def from_dict(cls, d, *, where: str = "done record", sums: bool = True) -> "DoneRecord":
+        """``ManifestError`` names the first problem; ``sums=False`` (verify) leaves the counts'
+        agreement to be reported rather than refused."""
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where} is {_show(d)}, expected an object")
+        if not isinstance(d.get("job"), str):
+            raise ManifestError(f"{where}: job is {_show(d.get('job'))}, expected a string")
+        body = {k: v for k, v in d.items() if k != "job"}
+        return cls(entry=PartitionEntry.from_dict(body, where=where, sums=sums), job=d["job"])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -513,6 +598,16 @@ class Manifest:
             raise ManifestError(_first(problems))
         return manifest
 
+    @property
+    def input_records(self) -> tuple[InputRecord, ...]:
+        """``inputs`` as records (``manifest_problems`` checked each one)."""
+        return InputRecord.all_from(self.inputs)
+
+    def input_identities(self, paths: set[str] | None = None) -> dict[str, dict]:
+        """Each input's recorded file identity by path (``paths``: only those), where one was recorded."""
+        return {i.path: i.identity for i in self.input_records
+                if i.identity is not None and (paths is None or i.path in paths)}
+
     def by_index(self) -> list[PartitionEntry]:
         """The partitions in plan order (the order readers and exporters number documents in)."""
         return sorted(self.partitions, key=lambda e: e.index)
@@ -542,7 +637,7 @@ def build_manifest(*, identity: dict, job: str, files: Sequence[InputFile], skip
     return Manifest(
         encoding=Encoding.from_dict(identity["encoding"]), eot_position=identity["eot_position"],
         text_column=identity["text_column"], id_column=id_column,
-        inputs=tuple({"path": f.url, "name": f.name, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)}
+        inputs=tuple(InputRecord(path=f.url, name=f.name, rows=f.rows, bytes=f.bytes, identity=dict(f.identity)).to_dict()
                      for f in files),
         partitions=tuple(entries), totals=totals, job=job, encoding_sha256=identity["encoding_sha256"],
         partition_bytes=identity["partition_bytes"], skipped_inputs=tuple(_skipped_entry(b) for b in skipped),
@@ -557,18 +652,12 @@ def _totals(entries: Sequence[PartitionEntry]) -> dict:
     return totals
 
 
-def input_generation(entry: dict) -> int:
-    """Which growth of the run added a manifest ``inputs`` entry: 0 for its first run (a run never
-    grown records no generation)."""
-    return int(entry.get("generation", 0))
-
-
 def grown_manifest(kept: Manifest, added: Manifest, *, generation: int, parts_job: str) -> Manifest:
     """The manifest of a run grown by ``added`` (a manifest of the new inputs alone, whose ``job``
     is the grown run's): ``kept``'s inputs and partitions unchanged, then the new ones, each input
     recording the ``generation`` that added it. Pure."""
-    inputs = [{**i, "generation": input_generation(i)} for i in kept.inputs]
-    inputs += [{**i, "generation": generation} for i in added.inputs]
+    inputs = [dataclasses.replace(i, generation=i.added_by).to_dict() for i in kept.input_records]
+    inputs += [dataclasses.replace(i, generation=generation).to_dict() for i in added.input_records]
     entries = sorted(kept.partitions + added.partitions, key=lambda e: e.index)
     extra = {**kept.extra, **added.extra}
     without_id = [*kept.extra.get("inputs_without_id_column", []), *added.extra.get("inputs_without_id_column", [])]
@@ -576,7 +665,7 @@ def grown_manifest(kept: Manifest, added: Manifest, *, generation: int, parts_jo
         extra["inputs_without_id_column"] = without_id
     backends = sorted({b for m in (kept, added) if m.backend for b in m.backend.split(", ")})
     # A whole input skipped as unreadable before and added again (fixed since) is no longer skipped.
-    now_in = {i["path"] for i in added.inputs} | {s["path"] for s in added.skipped_inputs if s.get("partition") is None}
+    now_in = {i.path for i in added.input_records} | {s["path"] for s in added.skipped_inputs if s.get("partition") is None}
     skipped = tuple(s for s in kept.skipped_inputs if s.get("partition") is not None or s.get("path") not in now_in)
     return dataclasses.replace(
         added, id_column=kept.id_column or added.id_column, inputs=tuple(inputs), partitions=tuple(entries),

@@ -110,7 +110,7 @@ def inspect_output(out: str, *, storage_options: dict | None = None, language_co
                    threads: int = 8) -> RunStats:
     """Read OUT's manifest, then every partition's docs file (and its input's language column)."""
     fs, root, manifest = v1.open_finished(out, storage_options)
-    for hub in reading_plugins_for_run(manifest.inputs, manifest.extra):  # a --fetch workers run's inputs:
+    for hub in reading_plugins_for_run(manifest.input_identities(), manifest.extra):  # a --fetch workers run's inputs:
         hub.setup(worker=None)  # read in this process, from its copy here, else by range from the Hub
     stats = RunStats(out=out, manifest=manifest, language_column=language_column)
     inputs = _InputCache(storage_options, language_column)
@@ -236,7 +236,7 @@ def report_lines(stats: RunStats) -> list[str]:
 
 def _generations(m: Manifest) -> str:
     """For a run grown with ``tokenize --add``: how many input files each growth added."""
-    per = Counter(v1.input_generation(i) for i in m.inputs)
+    per = Counter(i.added_by for i in m.input_records)
     if len(per) < 2:
         return ""
     return (f"; added in {len(per)} steps (tokenize --add): "

@@ -21,12 +21,12 @@ import fsspec
 
 from ..errors import InputChanged, OutputConflict, UserError
 from ..format import v1
-from ..format.v1 import Manifest, PartitionEntry
+from ..format.v1 import InputRecord, Manifest, PartitionEntry
 from ..storage.hubspec import PROTOCOL
 from ..storage.sources import Source
 from ..storage.store import describe_identity_change, file_identity_like, filesystem, join, read_json, write_json
 from ..wording import counted
-from .resume import describe_conflict
+from .resume import describe_conflict, recorded_inputs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,9 +55,10 @@ class Growth:
     def identity(self, added: dict) -> dict:
         """The grown run's job identity (its job file): ``added`` is the identity of the new inputs
         alone (``resume.job_identity``); kept inputs stay as recorded."""
-        kept = {i["path"] for i in self.kept.inputs}
-        return {**added, "inputs": [i for i in self.recorded["inputs"] if i["path"] in kept]
-                + [{**i, "generation": self.generation} for i in added["inputs"]], "parts_job": self.parts_job}
+        kept = {i.path for i in self.kept.input_records}
+        return {**added, "inputs": [i.to_dict() for i in recorded_inputs(self.recorded) if i.path in kept]
+                + [dataclasses.replace(i, generation=self.generation).to_dict() for i in recorded_inputs(added)],
+                "parts_job": self.parts_job}
 
     def claim(self, fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, url: str) -> None:
         """Record the grown run in OUT's job file, or refuse when the settings differ from the run
@@ -67,11 +68,11 @@ class Growth:
         if old != new:
             raise OutputConflict(f"{url} holds a run with other options ({describe_conflict(old, new)}); "
                                  "--add keeps its options: drop the differing ones, or use another --out")
-        before = {i["path"]: i for i in self.recorded["inputs"]}
-        for now in identity["inputs"]:
-            old = before.get(now["path"])
+        before = {i.path: i for i in recorded_inputs(self.recorded, url=url)}
+        for now in recorded_inputs(identity):
+            old = before.get(now.path)
             if old is not None and old != now:
-                raise InputChanged(f"{now['path']} changed since an unfinished --add planned it "
+                raise InputChanged(f"{now.path} changed since an unfinished --add planned it "
                                    f"({describe_input_change(old, now)}); restore it, or pass --overwrite to tokenize "
                                    "everything again")
         if identity != self.recorded:
@@ -83,7 +84,7 @@ class Growth:
         return dataclasses.replace(grown, planned_partitions=planned)
 
     def nothing_to_add(self, url: str, *, add: bool) -> str:
-        generations = sorted({v1.input_generation(i) for i in self.kept.inputs})
+        generations = sorted({i.added_by for i in self.kept.input_records})
         held = (f"{counted(len(self.kept.inputs), 'input')} in {counted(len(generations), 'generation')} "
                 f"(last: {generations[-1]})")
         if add:
@@ -91,11 +92,11 @@ class Growth:
         return f"nothing to do: {url} is a finished run of these inputs ({held}); it is left unchanged"
 
 
-def describe_input_change(old: dict, new: dict) -> str:
+def describe_input_change(old: InputRecord, new: InputRecord) -> str:
     """What differs between two records of one input (rows, bytes, file identity)."""
-    changes = [f"{k} {old.get(k)} → {new.get(k)}" for k in ("rows", "bytes") if old.get(k) != new.get(k)]
-    if old.get("identity") != new.get("identity") and "identity" in old:
-        changes.append(describe_identity_change(old["identity"], new.get("identity") or {}))
+    changes = [f"{k} {getattr(old, k)} → {getattr(new, k)}" for k in ("rows", "bytes") if getattr(old, k) != getattr(new, k)]
+    if old.identity is not None and old.identity != new.identity:
+        changes.append(describe_identity_change(old.identity, new.identity or {}))
     return ", ".join(changes) or "nothing visible"
 
 
@@ -122,7 +123,7 @@ def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sour
     try:
         kept = v1.read_manifest(fs, root)
     except FileNotFoundError:
-        if set(named) == {i["path"] for i in recorded.get("inputs", [])}:
+        if set(named) == {i.path for i in recorded_inputs(recorded, url=url)}:
             return None  # the first run, unfinished: finishing it is an ordinary resume
         raise OutputConflict(f"{url} holds an unfinished run of other inputs; rerun its own command to finish it "
                              "before adding inputs, or pass --overwrite to replace it") from None
@@ -132,7 +133,7 @@ def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sour
         raise OutputConflict(f"--partition-mb {partition_bytes / 1e6:g} differs from the "
                              f"{recorded.get('partition_bytes', 0) / 1e6:g} MB the run in {url} was cut with; a growth "
                              "reuses it: drop --partition-mb")
-    in_manifest = {i["path"] for i in kept.inputs}
+    in_manifest = {i.path for i in kept.input_records}
     _check_named_unchanged(recorded, [u for u in named if u in in_manifest], url=url, storage_options=storage_options)
     fresh, generation, finishing = inputs_to_add(recorded, kept, named, add=add, url=url)
     growth = Growth(kept=kept, recorded=recorded, generation=generation, first_index=v1.planned_count(kept),
@@ -151,8 +152,8 @@ def inputs_to_add(recorded: dict, kept: Manifest, named: list[str], *, add: bool
     Inputs in the job file but not in the manifest are an unfinished growth: only the same inputs
     may be named beyond those in OUT, until it is finished. Without ``--add`` (a grown run), the
     named inputs must be the run's."""
-    recorded_paths = [i["path"] for i in recorded.get("inputs", [])]
-    in_manifest = {i["path"] for i in kept.inputs}
+    recorded_paths = [i.path for i in recorded_inputs(recorded, url=url)]
+    in_manifest = {i.path for i in kept.input_records}
     pending = [p for p in recorded_paths if p not in in_manifest]
     fresh = {u for u in named if u not in in_manifest}
     if pending and fresh != set(pending):
@@ -164,15 +165,15 @@ def inputs_to_add(recorded: dict, kept: Manifest, named: list[str], *, add: bool
                 else "; use another --out, or pass --overwrite to replace it")
         raise OutputConflict(f"{url} holds a grown run of other inputs ({len(added)} added, {len(removed)} removed){hint}")
     if pending:
-        return fresh, max(v1.input_generation(i) for i in recorded["inputs"]), True
-    return fresh, max((v1.input_generation(i) for i in kept.inputs), default=0) + 1, False
+        return fresh, max(i.added_by for i in recorded_inputs(recorded, url=url)), True
+    return fresh, max((i.added_by for i in kept.input_records), default=0) + 1, False
 
 
 def _check_named_unchanged(recorded: dict, urls: list[str], *, url: str, storage_options: dict) -> None:
     """Inputs already in OUT and named again must be the files their partitions were made of."""
-    before = {i["path"]: i for i in recorded.get("inputs", [])}
+    before = {i.path: i.identity for i in recorded_inputs(recorded, url=url)}
     for path in urls:
-        old = (before.get(path) or {}).get("identity")
+        old = before.get(path)
         if not old or path.startswith(f"{PROTOCOL}://"):
             continue  # recorded without an identity (an early version), or opened by workers only
         try:

@@ -377,7 +377,8 @@ def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Call
         encoding=o.loaded.block(o.boundaries), encoding_fingerprint=o.loaded.fingerprint,
         eot_position=o.boundaries.eot_position,
         text_column=config.text_column, id_column=config.id_column, partition_bytes=corpus.partition_bytes,
-        inputs=[{"path": f.url, "rows": f.rows, "bytes": f.bytes, "identity": dict(f.identity)} for f in files],
+        inputs=[manifest.InputRecord(path=f.url, rows=f.rows, bytes=f.bytes, identity=dict(f.identity)).to_dict()
+                for f in files],
     )
     if o.growth is not None:
         o.identity = o.growth.identity(o.identity)

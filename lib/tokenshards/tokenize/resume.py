@@ -3,6 +3,7 @@ commit partitions, and clearing what killed or replaced runs left. The format it
 entries, manifest) is ``format.v1``; this module only decides what of OUT belongs to this job."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Callable
@@ -11,7 +12,7 @@ import fsspec
 
 from ..errors import OutputConflict, UserError
 from ..format import v1
-from ..format.v1 import PartitionEntry
+from ..format.v1 import InputRecord, PartitionEntry
 from ..storage.store import join, read_json, write_json
 from ..wording import counted
 from ..corpus.plan import Piece
@@ -42,12 +43,15 @@ def identity_hash(identity: dict) -> str:
 
 
 def _without_file_identities(identity: dict) -> dict:
-    return {**identity, "inputs": [{k: v for k, v in i.items() if k != "identity"} for i in identity.get("inputs", [])]}
+    return {**identity, "inputs": [dataclasses.replace(i, identity=None).to_dict() for i in recorded_inputs(identity)]}
 
 
-def done_record(entry: PartitionEntry, job: str) -> dict:
-    """The partition's commit: its entry and the job that wrote it."""
-    return {**entry.to_dict(), "job": job}
+def recorded_inputs(identity: dict, *, url: str = "OUT") -> tuple[InputRecord, ...]:
+    """A job identity's inputs (this run's, or the one OUT's job file records), as records."""
+    try:
+        return InputRecord.all_from(identity.get("inputs", []), where=f"{JOB_FILE} inputs")
+    except v1.ManifestError as e:
+        raise OutputConflict(f"{url}/{JOB_FILE}: {e}; pass --overwrite to replace it") from e
 
 
 def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pieces: list[Piece],
@@ -72,16 +76,16 @@ def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pie
     # One batched read: s3fs fetches the records concurrently, which matters for 10^4 of them.
     contents = fs.cat(paths) if paths else {}
     for path in paths:
-        record = json.loads(contents[path])
-        if record.get("job") != job:
+        try:
+            record = v1.DoneRecord.from_dict(json.loads(contents[path]), where=path)
+        except ValueError as e:  # not JSON (a JSONDecodeError), or not a done record (a ManifestError)
+            raise OutputConflict(f"{path}: {e}; pass --overwrite to replace it") from e
+        if record.job != job:
             raise OutputConflict(
                 f"{path} was written by a different run (other inputs or options); "
                 "use another --out, or pass --overwrite to replace it"
             )
-        try:
-            entry = PartitionEntry.from_dict({k: v for k, v in record.items() if k != "job"})
-        except v1.ManifestError as e:
-            raise OutputConflict(f"{path}: {e}; pass --overwrite to replace it") from e
+        entry = record.entry
         if entry.index in kept:
             _check_kept(entry, kept[entry.index], _files_problem(entry, sizes), path=path, url=url)
             continue
@@ -136,8 +140,8 @@ def describe_conflict(old: dict, new: dict) -> str:
                         for k in sorted(set(inner[0]) | set(inner[1])) if inner[0].get(k) != inner[1].get(k)]
             continue
         changes.append(f"{key} {old.get(key)!r} → {new.get(key)!r}")
-    old_inputs = {i["path"]: i for i in old.get("inputs", [])}
-    new_inputs = {i["path"]: i for i in new.get("inputs", [])}
+    old_inputs = {i.path: i for i in recorded_inputs(old)}
+    new_inputs = {i.path: i for i in recorded_inputs(new)}
     added = len(new_inputs.keys() - old_inputs.keys())
     removed = len(old_inputs.keys() - new_inputs.keys())
     changed = sum(1 for k in old_inputs.keys() & new_inputs.keys() if old_inputs[k] != new_inputs[k])
@@ -163,9 +167,9 @@ def add_hint(old: dict, new: dict) -> str:
     may differ (an automatic one grows with the corpus): a growth reuses the recorded one."""
     settings = lambda identity: {k: v for k, v in _without_file_identities(identity).items()  # noqa: E731
                                  if k not in ("inputs", "partition_bytes")}
-    new_inputs = {i["path"]: i for i in new.get("inputs", [])}
-    old_inputs = old.get("inputs", [])
-    if settings(old) != settings(new) or not all(new_inputs.get(i["path"]) == i for i in old_inputs):
+    new_inputs = {i.path: i for i in recorded_inputs(new)}
+    old_inputs = recorded_inputs(old)
+    if settings(old) != settings(new) or not all(new_inputs.get(i.path) == i for i in old_inputs):
         return ""
     added = len(new_inputs) - len(old_inputs)
     return (f"to add the {counted(added, 'new input')} to it, keeping its partitions, pass --add "
@@ -181,7 +185,7 @@ def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, ur
     path = join(root, JOB_FILE)
     if fs.exists(path):
         old = read_json(fs, path)
-        if not any("identity" in i for i in old.get("inputs", [])):
+        if not any(i.identity is not None for i in recorded_inputs(old, url=url)):
             identity = _without_file_identities(identity)  # recorded by a version that kept no file identities
         elif identity_like is not None and old != identity:
             restated = _in_terms_of(old, identity, identity_like)
@@ -204,18 +208,18 @@ def _in_terms_of(old: dict, identity: dict, identity_like: Callable[[str, dict],
     """``identity`` with each input's file identity restated in the terms the job file ``old``
     recorded it in, where they differ: a file in a download folder that a version before
     huggingface_hub's download records were trusted recorded by mtime, and this one by etag."""
-    recorded = {i.get("path"): i.get("identity") for i in old.get("inputs", []) if isinstance(i.get("identity"), dict)}
+    recorded = {i.path: i.identity for i in recorded_inputs(old) if i.identity is not None}
 
-    def restated(i: dict) -> dict:
-        before = recorded.get(i["path"])
-        if before is None or "identity" not in i or set(before) == set(i["identity"]):
-            return i
+    def restated(i: InputRecord) -> dict:
+        before = recorded.get(i.path)
+        if before is None or i.identity is None or set(before) == set(i.identity):
+            return i.to_dict()
         try:
-            return {**i, "identity": identity_like(i["path"], before)}
+            return dataclasses.replace(i, identity=identity_like(i.path, before)).to_dict()
         except FileNotFoundError:
-            return i  # not here (yet): it differs from the record, as the identity says
+            return i.to_dict()  # not here (yet): it differs from the record, as the identity says
 
-    return {**identity, "inputs": [restated(i) for i in identity.get("inputs", [])]}
+    return {**identity, "inputs": [restated(i) for i in recorded_inputs(identity)]}
 
 
 def remove_run(fs: fsspec.AbstractFileSystem, root: str, *, url: str = "") -> None:

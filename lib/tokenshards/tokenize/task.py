@@ -9,7 +9,6 @@ encodings reads a piece once and writes it for each output that lacks it (``writ
 from __future__ import annotations
 
 import dataclasses
-import json
 import pickle
 import time
 from dataclasses import dataclass
@@ -31,7 +30,6 @@ from ..format import v1
 from ..format.v1 import PartitionEntry
 from ..storage.store import begin_write, filesystem, join, write_atomic
 from .core import tokenize_column
-from .resume import done_record
 
 PIECE_META = pd.DataFrame({"piece": pd.Series([], dtype=object), "outputs": pd.Series([], dtype=object)})
 RESULT_META = pd.DataFrame({"result": pd.Series([], dtype=object)})
@@ -203,7 +201,7 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
             raise
         tokens.finish()
         # Its presence is what commits the partition: it goes only once both data files are whole.
-        write_atomic(fs, join(root, v1.done_file(piece.index)), json.dumps(done_record(files.entry, each.job)).encode())
+        write_atomic(fs, join(root, v1.done_file(piece.index)), v1.DoneRecord(entry=files.entry, job=each.job).to_bytes())
         results.append(TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time()))
     return results
 

@@ -204,14 +204,14 @@ def check_separators(entry: PartitionEntry, values: np.ndarray, starts: np.ndarr
     return []
 
 
-def check_done(entry: PartitionEntry, record: dict, *, job: str) -> list[str]:
+def check_done(entry: PartitionEntry, record: v1.DoneRecord, *, job: str) -> list[str]:
     """The done record is the partition's commit: it must say what the manifest says."""
     where = f"partition {entry.index}: {v1.done_file(entry.index)}"
-    entry = entry.to_dict()  # compared key by key, keys this version does not know included
     problems = []
-    if record.get("job") != job:
-        problems.append(f"{where}: written by job {str(record.get('job'))[:12]}…, the manifest's is {job[:12]}…")
-    body = {k: v for k, v in record.items() if k != "job"}
+    if record.job != job:
+        problems.append(f"{where}: written by job {record.job[:12]}…, the manifest's is {job[:12]}…")
+    # Compared key by key, keys this version does not know included.
+    body, entry = record.entry.to_dict(), entry.to_dict()
     differ = sorted(k for k in set(body) | set(entry) if body.get(k) != entry.get(k))
     if differ:
         shown = "; ".join(f"{k}: {body.get(k)!r} vs manifest {entry.get(k)!r}" for k in differ[:3])

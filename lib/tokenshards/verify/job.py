@@ -130,7 +130,8 @@ def _verify_partition(entry: PartitionEntry, sample: list[int], *, out: str, sto
     problems += docs_problems
 
     try:
-        problems += check_done(entry, read_json(fs, join(root, v1.done_file(entry.index))), job=expected.job)
+        done = v1.DoneRecord.from_dict(read_json(fs, join(root, v1.done_file(entry.index))), sums=False)
+        problems += check_done(entry, done, job=expected.job)
     except FileNotFoundError:
         problems.append(f"{where}: {v1.done_file(entry.index)} is missing: the partition was never committed")
     except (OSError, ValueError) as e:
@@ -339,9 +340,8 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
         if loaded is not None:
             plugin = EncoderPlugin(loaded, backend="reference")
             client.register_plugin(plugin)
-            identities = {i["path"]: i["identity"] for i in manifest.inputs
-                          if isinstance(i, dict) and i.get("path") in sampled and isinstance(i.get("identity"), dict)}
-            for hub in reading_plugins_for_run(manifest.inputs, manifest.extra, paths=sampled,
+            identities = manifest.input_identities(sampled)
+            for hub in reading_plugins_for_run(identities, manifest.extra,
                                                download_dir=config.download_dir):  # a --fetch workers run's inputs
                 client.register_plugin(hub)
             expected = dataclasses.replace(expected, encoder=plugin.ref, input_identities=identities)
