@@ -103,7 +103,6 @@ def pack(lengths: np.ndarray, spec: PackSpec, *, first: int = 0, own: int | None
     ``concat`` only, see there."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if not spec.packed:
-        n = len(lengths)
         keep = np.flatnonzero(lengths > 0)
         return Packing(keep, np.zeros(len(keep), np.int64), lengths[keep], np.arange(len(keep) + 1, dtype=np.int64))
     if spec.mode == "concat":
