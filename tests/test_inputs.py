@@ -8,7 +8,7 @@ import pytest
 from distributed import Client, get_worker
 
 from tokenshards.cluster import runner
-from tokenshards.corpus.inputs.placement import Machine, Place, assign_files, group_machines
+from tokenshards.corpus.inputs.placement import DownloadSite, Place, assign_files, download_sites
 
 
 def _place(host: str, view: str, target: str = "/hf", *, free: int = 10**12, present=()) -> Place:
@@ -24,7 +24,7 @@ def test_workers_sharing_a_download_folder_are_one_machine():
         # two containers with one host name and one path, but their own mounts
         "tcp://d:1": _place("d", "boot4/mnt:1"), "tcp://d:2": _place("d", "boot4/mnt:2"),
     }
-    machines = group_machines(places, {"tcp://a:1": 2, "tcp://a:2": 2})
+    machines = download_sites(places, {"tcp://a:1": 2, "tcp://a:2": 2})
     assert [(m.name, m.workers, m.slots) for m in machines] == [
         ("a", ("tcp://a:1", "tcp://a:2"), 4), ("b", ("tcp://b:1",), 1),
         ("c:/one", ("tcp://c:1",), 1), ("c:/two", ("tcp://c:2",), 1),
@@ -35,8 +35,8 @@ def test_workers_sharing_a_download_folder_are_one_machine():
     assert [m.where for m in machines[:3]] == [("a",), ("b",), ("tcp://c:1",)]
 
 
-def _machine(name: str, slots: int = 1, present=()) -> Machine:
-    return Machine(name=name, host=name, target="/hf", workers=(f"tcp://{name}:1",), slots=slots, free=0,
+def _machine(name: str, slots: int = 1, present=()) -> DownloadSite:
+    return DownloadSite(name=name, host=name, target="/hf", workers=(f"tcp://{name}:1",), slots=slots, free=0,
                    present=frozenset(present))
 
 

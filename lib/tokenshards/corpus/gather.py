@@ -18,14 +18,14 @@ from ..cluster.connect import starts_local_cluster
 from ..cluster.options import RunOptions
 from ..errors import UserError
 from ..storage.hubspec import HubDataset
-from ..storage.sources import Source, resolve_inputs
+from ..storage.sources import ListedInput, resolve_inputs
 from .inputs import FooterRequest, Inputs, open_inputs as _open_inputs
 from .plan import BadInput, InputFile, Piece, auto_partition_bytes, plan_pieces
 
 
 @dataclass(frozen=True, kw_only=True)
 class Corpus:
-    sources: list[Source]
+    sources: list[ListedInput]
     files: list[InputFile]
     unreadable: list[BadInput]
     pieces: list[Piece]
@@ -41,12 +41,12 @@ class Corpus:
 
 
 def find_inputs(inputs: tuple[str, ...], *, storage_options: dict,
-                announce: Callable[[str], None] = lambda msg: None) -> list[Source]:
+                announce: Callable[[str], None] = lambda msg: None) -> list[ListedInput]:
     """The parquet files ``--input`` names (cheap: listings only), checked before the output is."""
     return resolve_inputs(inputs, storage_options, announce=announce) if inputs else []
 
 
-def open_inputs(sources: list[Source], *, hub: HubDataset | None, options: RunOptions, announce: Callable[[str], None],
+def open_inputs(sources: list[ListedInput], *, hub: HubDataset | None, options: RunOptions, announce: Callable[[str], None],
                 overlap: bool = False) -> Inputs:
     """``sources`` and the Hub sample as the run's inputs (after the output and the encoding were
     checked: a typo must not cost a download). ``overlap``: tokenize while the Hub downloads."""

@@ -12,7 +12,10 @@ from .store import check_bucket, display_url, filesystem, is_local, storage_erro
 
 
 @dataclass(frozen=True, kw_only=True)
-class Source:
+class ListedInput:
+    """An input found by listing what ``--input`` names (or a Hub sample's file), before its
+    footer is read (then it is a ``corpus.plan.InputFile``)."""
+
     url: str
     """Where workers open it (a local path or ``s3://...``)."""
     name: str
@@ -28,10 +31,10 @@ def _glob_base(pattern: str) -> str:
 
 
 def resolve_inputs(specs: tuple[str, ...] | list[str], storage_options: dict | None = None, *,
-                   announce: Callable[[str], None] = lambda msg: None) -> list[Source]:
+                   announce: Callable[[str], None] = lambda msg: None) -> list[ListedInput]:
     """Every parquet file named by ``specs``, sorted by URL, each once: a local file reached by two
     paths (a symlink, a hard link: the same device and inode) is kept under its first URL, and said."""
-    found: dict[str, Source] = {}
+    found: dict[str, ListedInput] = {}
     real: dict[str, tuple[int, int]] = {}
     for spec in specs:
         fs, path = filesystem(spec, storage_options)
@@ -61,7 +64,7 @@ def resolve_inputs(specs: tuple[str, ...] | list[str], storage_options: dict | N
         for p in paths:
             url = display_url(fs, p)
             name = posixpath.relpath(p, base) if base else p
-            found.setdefault(url, Source(url=url, name=name))
+            found.setdefault(url, ListedInput(url=url, name=name))
             if is_local(fs):
                 st = os.stat(p)
                 real[url] = (st.st_dev, st.st_ino)

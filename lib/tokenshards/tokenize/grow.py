@@ -23,7 +23,7 @@ from ..errors import InputChanged, OutputConflict, UserError
 from ..format import v1
 from ..format.v1 import InputRecord, Manifest, PartitionEntry
 from ..storage.hubspec import PROTOCOL
-from ..storage.sources import Source
+from ..storage.sources import ListedInput
 from ..storage.store import describe_identity_change, file_identity_like, filesystem, join, read_json, write_json
 from ..wording import counted
 from .resume import describe_conflict, recorded_inputs
@@ -38,7 +38,7 @@ class Growth:
     generation: int
     """The generation this growth adds (its inputs' ``generation``)."""
     first_index: int
-    sources: tuple[Source, ...]
+    sources: tuple[ListedInput, ...]
     """The inputs to plan and tokenize; empty: nothing to add."""
 
     @property
@@ -104,7 +104,7 @@ def is_grown(recorded: dict) -> bool:
     return "parts_job" in recorded
 
 
-def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sources: list[Source],
+def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sources: list[ListedInput],
           partition_bytes: int | None, storage_options: dict,
           announce: Callable[[str], None] = lambda msg: None) -> Growth | None:
     """How this command continues the run in OUT: None for an ordinary run (no run there yet, or

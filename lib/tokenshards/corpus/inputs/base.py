@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 from distributed import Client
 
 from ...cluster.runner import Lane
-from ...storage.sources import Source
+from ...storage.sources import ListedInput
 from ..plan import BadInput, InputFile
 
 Announce = Callable[[str], None]
@@ -35,7 +35,7 @@ class Inputs(ABC):
     ``close`` stops whatever still runs in the background."""
 
     @abstractmethod
-    def sources(self) -> list[Source]:
+    def sources(self) -> list[ListedInput]:
         """Every file, with the url tasks open it at and the name document ids use."""
 
     def set_up(self, client: Client, *, announce: Announce) -> None:
@@ -73,7 +73,7 @@ class Several(Inputs):
     def __init__(self, parts: list[Inputs]):
         self.parts = list(parts)
 
-    def sources(self) -> list[Source]:
+    def sources(self) -> list[ListedInput]:
         return [s for part in self.parts for s in part.sources()]
 
     def set_up(self, client: Client, *, announce: Announce) -> None:

@@ -14,7 +14,7 @@ from distributed import Client
 from ...cluster.machines import blind_machines, listed
 from ...cluster.runner import Lane
 from ...storage.hubspec import HubDataset
-from ...storage.sources import Source
+from ...storage.sources import ListedInput
 from ..plan import BadInput, InputFile
 from .base import Announce, FooterRequest, Inputs, Several
 from .plain import PlainInputs
@@ -22,7 +22,7 @@ from .plain import PlainInputs
 LOCAL_CLUSTER = "a local cluster: its workers share this machine's disk"
 
 
-def open_inputs(sources: list[Source], *, hub: HubDataset | None, local_cluster: bool, overlap: bool,
+def open_inputs(sources: list[ListedInput], *, hub: HubDataset | None, local_cluster: bool, overlap: bool,
                 announce: Announce) -> Inputs:
     """The run's inputs, before any cluster runs: ``sources`` (``--input``) and the Hub sample.
     ``local_cluster``: the run starts a LocalCluster (no ``--scheduler``, no other kind of
@@ -85,7 +85,7 @@ class AutoHub(Inputs):
             raise RuntimeError("--fetch auto: set_up decides who fetches; call it first")
         return self.chosen
 
-    def sources(self) -> list[Source]:
+    def sources(self) -> list[ListedInput]:
         return self._decided().sources()
 
     def footers(self, client: Client, request: FooterRequest) -> list[InputFile | BadInput]:

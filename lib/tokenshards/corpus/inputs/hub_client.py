@@ -24,7 +24,7 @@ from ...storage.hub.fetcher import OVERLAP_DOWNLOADS, Fetcher, arrivals, downloa
 from ...storage.hub.footer import downloaded_identity
 from ...storage.hub.listing import HubFile, HubListing
 from ...storage.hubspec import HubDataset
-from ...storage.sources import Source
+from ...storage.sources import ListedInput
 from ...storage.store import describe_identity_change, file_identity, filesystem
 from ..plan import BadInput, InputFile
 from .base import Announce, FooterRequest, Inputs
@@ -66,7 +66,7 @@ class ClientFetched(Inputs):
             self.checked = True
         self.start(announce=announce)
 
-    def sources(self) -> list[Source]:
+    def sources(self) -> list[ListedInput]:
         return local_sources(self.ds, self.listing)
 
     def footers(self, client: Client, request: FooterRequest) -> list[InputFile | BadInput]:

@@ -31,11 +31,11 @@ from ...storage.hub.cache import check_disk, free_bytes, is_present, target
 from ...storage.hub.listing import HubFile, HubListing
 from ...storage.hub.workerfs import HubFetchPlugin, cache_uri, reference_identity
 from ...storage.hubspec import HubDataset
-from ...storage.sources import Source
+from ...storage.sources import ListedInput
 from ..plan import BadInput, InputFile
 from ...wording import counted, human
 from .base import Announce, FooterRequest, Inputs
-from .placement import Machine, Place, assign_files, group_machines
+from .placement import DownloadSite, Place, assign_files, download_sites
 from .plain import read_footers
 from .ranged import ranged_footers
 
@@ -52,8 +52,8 @@ class WorkersFetched(Inputs):
         self.why = why
         self._lanes: dict[str, Lane] = {}
 
-    def sources(self) -> list[Source]:
-        return [Source(url=self._uri(f), name=f.path) for f in self.listing.files]
+    def sources(self) -> list[ListedInput]:
+        return [ListedInput(url=self._uri(f), name=f.path) for f in self.listing.files]
 
     def set_up(self, client: Client, *, announce: Announce) -> None:
         announce(f"hub: workers fetch the files themselves ({self.why}); each file goes to one machine")
@@ -62,7 +62,7 @@ class WorkersFetched(Inputs):
             cluster_machines.wait_for_a_worker(client)
         plugin = HubFetchPlugin(self.ds, self.listing)
         places = {address: Place(**found) for address, found in client.run(where_files_go, plugin.ds, self.listing).items()}
-        machines = group_machines(places, client.nthreads())
+        machines = download_sites(places, client.nthreads())
         owner = assign_files([(f.path, f.size) for f in self.listing.files], machines)
         shares = {m.name: [f for f in self.listing.files if owner[f.path] == m.name] for m in machines}
         announce(self._shares_line(machines, shares))
@@ -94,8 +94,8 @@ class WorkersFetched(Inputs):
     def _uri(self, f: HubFile) -> str:
         return cache_uri(self.listing.repo, self.listing.commit, f.path)
 
-    def _shares_line(self, machines: list[Machine], shares: dict[str, list[HubFile]]) -> str:
-        def share(m: Machine) -> str:
+    def _shares_line(self, machines: list[DownloadSite], shares: dict[str, list[HubFile]]) -> str:
+        def share(m: DownloadSite) -> str:
             files = shares[m.name]
             fetch = sum(f.size for f in files if f.path not in m.present)
             return (f"{m.name} {counted(len(files), 'file')} ({human(sum(f.size for f in files))}B, "

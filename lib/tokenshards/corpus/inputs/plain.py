@@ -7,24 +7,24 @@ from distributed import Client
 
 from ...cluster import runner
 from ...errors import UserError
-from ...storage.sources import Source
+from ...storage.sources import ListedInput
 from ..plan import BadInput, InputFile, read_input_or_bad
 from ...wording import brief
 from .base import FooterRequest, Inputs
 
 
 class PlainInputs(Inputs):
-    def __init__(self, sources: list[Source]):
+    def __init__(self, sources: list[ListedInput]):
         self._sources = list(sources)
 
-    def sources(self) -> list[Source]:
+    def sources(self) -> list[ListedInput]:
         return list(self._sources)
 
     def footers(self, client: Client, request: FooterRequest) -> list[InputFile | BadInput]:
         return read_footers(client, self._sources, request)
 
 
-def read_footers(client: Client, sources: list[Source], request: FooterRequest) -> list[InputFile | BadInput]:
+def read_footers(client: Client, sources: list[ListedInput], request: FooterRequest) -> list[InputFile | BadInput]:
     """Every source's footer, read by the workers, in the order of ``sources``."""
     if not sources:
         return []
@@ -34,7 +34,7 @@ def read_footers(client: Client, sources: list[Source], request: FooterRequest) 
     return runner.gather(client, futures, sources, explain=_unreachable_input)
 
 
-def _unreachable_input(source: Source, e: Exception) -> UserError:
+def _unreachable_input(source: ListedInput, e: Exception) -> UserError:
     """botocore's own errors on a worker: no credentials there, no route to the store."""
     return UserError(f"{source.url}: a worker could not read it ({type(e).__name__}: {brief(e)}); "
                      "check that every worker has credentials and network access to the inputs")

@@ -17,7 +17,7 @@ from huggingface_hub.file_download import _cache_commit_hash_for_specific_revisi
 from ...wording import human
 from ...errors import UserError
 from ..hubspec import HubDataset
-from ..sources import Source
+from ..sources import ListedInput
 from ..store import vouched_etag
 from .listing import HubFile, HubListing
 
@@ -64,9 +64,9 @@ def is_present(ds: HubDataset, listing: HubListing, f: HubFile) -> bool:
     return not (ds.download_dir and f.etag) or vouched_etag(str(p)) == f.etag
 
 
-def local_sources(ds: HubDataset, listing: HubListing) -> list[Source]:
+def local_sources(ds: HubDataset, listing: HubListing) -> list[ListedInput]:
     """Every listed file where huggingface_hub puts it (downloaded or not yet), in listing order."""
-    return [Source(url=str(local_path(ds, listing, f)), name=f.path) for f in listing.files]
+    return [ListedInput(url=str(local_path(ds, listing, f)), name=f.path) for f in listing.files]
 
 
 def remember_revision(ds: HubDataset, listing: HubListing) -> None:

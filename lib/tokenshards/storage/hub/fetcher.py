@@ -13,7 +13,7 @@ from huggingface_hub import constants
 from ...wording import human
 from ...errors import UserError
 from ..hubspec import HubDataset
-from ..sources import Source
+from ..sources import ListedInput
 from .cache import check_disk, clear_stale, free_bytes, is_present, local_sources, remember_revision, target
 from .fetch import NoBar, fetch_file
 from .listing import HubFile, HubListing
@@ -24,7 +24,7 @@ make the first whole file wait k times longer and leave k files to tokenize afte
 arrives; huggingface_hub's Xet path already fetches one file over many connections."""
 
 
-def download(ds: HubDataset, listing: HubListing, *, announce: Callable[[str], None] = print) -> list[Source]:
+def download(ds: HubDataset, listing: HubListing, *, announce: Callable[[str], None] = print) -> list[ListedInput]:
     """Fetch what is missing (after saying how much, and checking the disk); return local sources."""
     prepare_download(ds, listing, announce=announce)
     if not constants.is_offline_mode():
