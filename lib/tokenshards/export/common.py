@@ -18,12 +18,12 @@ import numpy as np
 from distributed import Client
 
 from ..cluster import interrupt, runner
-from ..cluster.progress import Progress, human
+from ..cluster.progress import Progress
 from ..errors import UserError
 from ..storage.lease import Lease
 from ..storage.store import (WRITE_PROBE_PREFIX, check_bucket, display_url, filesystem, is_local, is_s3, join,
                              remove_stale_probes, write_advice, write_json)
-from ..wording import counted
+from ..wording import counted, human
 from . import valsplit
 from .config import ExportConfig
 from .formats import Plan

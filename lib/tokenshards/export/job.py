@@ -35,10 +35,8 @@ __all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_SHARD_TOKENS", "DEFAULT_VAL_TOKENS", 
 
 def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print) -> ExportSummary:
     """Run the whole export; raises ``UserError`` for anything the user can fix."""
-    if is_hub_url(config.to):  # a Hub dataset repo: export into staging, then upload (publish.py)
-        from .publish import PublishConfig, run_publish
-
-        return run_publish(PublishConfig(export=config), announce=announce)
+    if is_hub_url(config.to):  # the command line hands these to publish.run_publish, which calls back here
+        raise ValueError(f"run_export writes files; a Hub destination ({config.to}) goes through export.publish.run_publish")
     check_destination(config)
     with _made_here(config), _runs_kept(config):
         if config.rows:  # packed sequences, or hf's parquet rows: written row group by row group

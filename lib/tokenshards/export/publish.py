@@ -36,14 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..cluster.progress import draws_bars, human
+from ..cluster.progress import draws_bars
 from ..errors import UserError
 from ..storage import hubrepo
 from ..storage.hubrepo import HubDestination
 from ..storage.store import filesystem, is_local
-from ..wording import counted
+from ..wording import counted, human
 from . import card as cards
-from .job import ExportConfig, ExportSummary
+from .job import ExportConfig, ExportSummary, run_export
 
 COMMIT_FILES = 50
 """Shards per commit: 50 llm.c shards of 100 M tokens are 10 GB, well under what one Hub commit
@@ -141,7 +141,6 @@ def _hub_bars_follow(progress: str):
 def _stage(config: PublishConfig, staging: str, *, announce: Callable[[str], None]) -> tuple[ExportSummary, str]:
     """The export in ``staging``: the one a stamp there says is this export, else a fresh one."""
     from . import formats
-    from .job import run_export
 
     export = config.export
     record_name = formats.get(export.format).record_name(export.name_prefix)
