@@ -130,6 +130,14 @@ def _add_tokenize(sub) -> None:
                    help="where each document's <|endoftext|> goes, for tiktoken's encodings (default: prefix); "
                         "--boundary bos|eos|none says the same for every tokenizer")
     p.add_argument("--text-column", default="text")
+    p.add_argument("--chat-column", metavar="COLUMN",
+                   help="rows are conversations: a column of lists of {role, content} (or that list as JSON text), "
+                        "rendered through the tokenizer's chat template, with a mask of the assistant's tokens "
+                        "(Hugging Face tokenizers with a chat_template; docs/chat.md)")
+    p.add_argument("--on-bad-row", default="fail", choices=["fail", "skip"],
+                   help="with --chat-column: a row whose messages are malformed (not a list, an unknown role, "
+                        "content that is not a string) fails the job (default) or is skipped, said and counted "
+                        "per reason in the manifest")
     p.add_argument("--id-column", help="column of document ids (default: `id` when present, else FILE:ROW)")
     p.add_argument("--partition-mb", type=float, default=None,
                    help="text per partition in MB (default: 8.4, more for corpora over ~137 GB of text)")
@@ -204,7 +212,8 @@ def _run_tokenize(args) -> int:
         out=first[1], encoding=first[0], more_outputs=tuple(Output(*pair) for pair in more), eot_position=args.eot,
         boundary=args.boundary,
         id_column=args.id_column, on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite,
-        add=args.add, report=args.report, **_corpus_options(args), **_run_options(args),
+        add=args.add, report=args.report, chat_column=args.chat_column, on_bad_row=args.on_bad_row,
+        **_corpus_options(args), **_run_options(args),
     )
     return _print_lines(run_tokenize_each(config, announce=_say, started=_process_started()))
 

@@ -41,6 +41,11 @@ def is_text_type(t: pa.DataType) -> bool:
     return t in STRING_TYPES or (pa.types.is_dictionary(t) and t.value_type in STRING_TYPES)
 
 
+def is_chat_type(t: pa.DataType) -> bool:
+    """A list of messages (``tokenize --chat-column``): each row's conversation, checked per row."""
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t)
+
+
 @dataclass(frozen=True, kw_only=True)
 class InputFile:
     url: str
@@ -117,7 +122,7 @@ def input_from_footer(url: str, name: str, footer: Callable[[], tuple[tuple, pq.
         raise InputError(f"{url}: no text column {text_column!r}; columns are {', '.join(schema.names)}"
                          + ("; pass --text-column NAME" if text_column == "text" else ""))
     text_type = schema.field(text_column).type
-    if not is_text_type(text_type):
+    if not is_text_type(text_type) and not is_chat_type(text_type):
         strings = [f.name for f in schema if is_text_type(f.type) and f.name != text_column]
         hint = (f"; string columns are {', '.join(strings)}" if strings else "; it has no string column")
         raise InputError(f"{url}: column {text_column!r} holds {text_type}, not strings{hint}"
@@ -139,7 +144,9 @@ def _column_bytes(row_group: pq.RowGroupMetaData, name: str) -> int:
         col = row_group.column(j)
         if col.path_in_schema == name:
             return col.total_uncompressed_size
-    return row_group.total_byte_size
+    nested = [row_group.column(j).total_uncompressed_size for j in range(row_group.num_columns)
+              if row_group.column(j).path_in_schema.startswith(name + ".")]  # a chat column's leaves
+    return sum(nested) if nested else row_group.total_byte_size
 
 
 def read_input_or_bad(url: str, name: str, *, on_bad_file: str, **kwargs) -> InputFile | BadInput:

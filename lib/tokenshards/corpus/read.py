@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from ..errors import InputChanged, InputError, UnreadableInput
 from ..storage.store import describe_identity_change, file_identity_like, filesystem
 from .footers import WORKER_FOOTERS
-from .plan import STRING_TYPES, Piece
+from .plan import STRING_TYPES, Piece, is_chat_type
 
 FRAME_META = pd.DataFrame({
     "row": pd.Series([], dtype="int64"),
@@ -99,7 +99,7 @@ def _read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.
     text = table.column(text_column)
     if pa.types.is_dictionary(text.type) and text.type.value_type in STRING_TYPES:
         text = text.cast(text.type.value_type)  # dictionary-encoded strings are text
-    if text.type not in STRING_TYPES:
+    if text.type not in STRING_TYPES and not is_chat_type(text.type):  # conversations: the task checks each row
         raise InputError(f"{piece.input}: column {text_column!r} holds {text.type}, not strings")
     if len(text) != piece.rows:
         raise InputError(f"{piece.input}: row groups {piece.row_groups} hold {len(text)} rows, metadata said {piece.rows}; the file changed during the run")

@@ -24,7 +24,7 @@ from .patterns import without_possessive_quantifiers
 from .records import TiktokenParams
 from .names import BACKENDS, FAST_BACKENDS  # noqa: F401  (the CLI's choices; re-exported for the kinds)
 DISTRIBUTIONS = {"tiktoken": "tiktoken", "riptoken": "riptoken", "splintr": "splintr-rs", "gigatoken": "gigatoken",
-                 "tokenizers": "tokenizers", "sentencepiece": "sentencepiece"}
+                 "tokenizers": "tokenizers", "sentencepiece": "sentencepiece", "transformers": "transformers"}
 UINT32_CODE = next(code for code in ("I", "L") if array.array(code).itemsize == 4)
 HUGE_CHARS = 8_000_000
 """Documents longer than this go to tiktoken even under a fast backend: for one 100 MB document

@@ -81,6 +81,10 @@ class WorkerEncoder:
         """The tokenizer's own library, as built in this worker (``verify --deep``'s judge)."""
         return _worker_plugin(self.plugin).reference
 
+    def loaded(self):
+        """The loaded tokenizer the plugin shipped (its files' bytes): what a chat run's template is built from."""
+        return _worker_plugin(self.plugin).loaded
+
 
 def plugin_name(loaded, *, backend: str = "tiktoken") -> str:
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in loaded.name)[-48:]

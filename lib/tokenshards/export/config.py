@@ -163,10 +163,12 @@ class ExportConfig(RunOptions):
     def plan(self, manifest, *, dtype: str) -> formats.Plan:
         """What the format's files depend on besides the streams (``manifest``: the run's, or the
         first of a mixture's, which agree on the encoding and the eot)."""
+        from ..format.reader import has_masks
+
         enc = manifest.encoding
         return formats.Plan(prefix=self.name_prefix, dtype=dtype, n_vocab=enc.n_vocab, encoding=enc.name, eot=enc.eot,
                             eot_position=manifest.eot_position, shard_tokens=self.shard_size,
-                            min_shard_tokens=self.min_shard_size)
+                            min_shard_tokens=self.min_shard_size, mask=has_masks(manifest))
 
     def replace(self, **changes) -> "ExportConfig":
         return dataclasses.replace(self, **changes)

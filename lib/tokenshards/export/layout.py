@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 SPLITS = ("val", "train")
-PIECE_OPS = ("tokens", "lengths", "offsets", "sized")
+PIECE_OPS = ("tokens", "lengths", "offsets", "sized", "mask")
 """Operations that read a piece of a split's stream: op[1] is the piece, op[2] the split."""
 
 
@@ -63,6 +63,17 @@ class TokenRun:
     @property
     def itemsize(self) -> int:
         return np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class MaskRun:
+    """The assistant mask of tokens [first, first + count) of a split's stream (a chat run's):
+    one byte per token, 1 where the loss is taken (datatrove's ``.loss``, the npy mask shards)."""
+
+    split: str
+    first: int
+    count: int
+    itemsize = 1
 
 
 @dataclass(frozen=True)
@@ -195,6 +206,9 @@ def _ops(region, e0: int, e1: int, streams: Streams) -> list[tuple]:
         bounds = streams.token_bounds[region.split]
         return [("tokens", k, region.split, a, b, region.dtype)
                 for k, a, b in locate(bounds, region.first + e0, region.first + e1)]
+    if isinstance(region, MaskRun):
+        bounds = streams.token_bounds[region.split]
+        return [("mask", k, region.split, a, b) for k, a, b in locate(bounds, region.first + e0, region.first + e1)]
     if isinstance(region, DocLengths):
         return [("lengths", k, region.split, a, b) for k, a, b in locate(streams.doc_bounds[region.split], e0, e1)]
     if isinstance(region, DocOffsets):

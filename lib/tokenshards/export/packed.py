@@ -38,6 +38,7 @@ from .formats import base as format_base
 from .formats import hf
 from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
 from .shuffle import Catalog, open_runs
+from ..format.reader import MaskFiles, has_masks
 from .view import gather
 from .write import PartInfo, Source, partition_view, _files
 
@@ -102,6 +103,8 @@ class ShardTask:
     dtype: str
     dest: str
     storage_options: dict
+    mask: bool = False
+    """A chat run's: ``labels`` are -100 outside the assistant's tokens (hf), and npy gets a mask file."""
 
 
 def pack_part(src: int, k: int, part: PartInfo, following: dict, *, source: Source, threshold, spec: PackSpec,
@@ -200,10 +203,14 @@ def write_shard(task: ShardTask, *blocks: Block, catalog: Catalog) -> tuple[list
             r = max(r + 1, int(np.searchsorted(reach, (reach[r - 1] if r else 0) + ROW_GROUP_TOKENS, side="right")))
             cuts.append(min(r, task.rows))
 
+    masks = [MaskFiles(f) for f in files] if task.mask else None
+
     def batches():
         for r0, r1 in zip(cuts[:-1], cuts[1:]):
             p0, p1 = int(bounds[r0]), int(bounds[r1])
             tokens = gather(files, src[p0:p1], part[p0:p1], start[p0:p1], start[p0:p1] + length[p0:p1])
+            if masks is not None:  # the assistant mask rides with the tokens (``_rows_of``)
+                tokens = Masked(tokens, gather(masks, src[p0:p1], part[p0:p1], start[p0:p1], start[p0:p1] + length[p0:p1]))
             yield r0, r1, p0, p1, tokens
 
     fs, root = filesystem(task.dest, task.storage_options)
@@ -213,6 +220,23 @@ def write_shard(task: ShardTask, *blocks: Block, catalog: Catalog) -> tuple[list
     else:
         _write_npy(fs, root, task, batches(), length, bounds, filled, written)
     return written, task.rows, int(filled.sum())
+
+
+class Masked(np.ndarray):
+    """A batch's tokens with their assistant mask (``.mask``, uint8) attached: a chat run's."""
+
+    def __new__(cls, tokens: np.ndarray, mask: np.ndarray):
+        out = np.asarray(tokens).view(cls)
+        out.mask = np.asarray(mask)
+        return out
+
+    def __array_finalize__(self, obj):
+        self.mask = getattr(obj, "mask", None)
+
+
+def _labels(ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """``labels`` of a batch's flat ids: the ids where the loss is taken, -100 elsewhere."""
+    return ids if mask is None else np.where(mask.astype(bool), ids, hf.LABEL_IGNORE)
 
 
 def _rows_of(task: ShardTask, r0: int, r1: int, p0: int, length: np.ndarray, bounds: np.ndarray, filled: np.ndarray,
@@ -229,13 +253,17 @@ def _rows_of(task: ShardTask, r0: int, r1: int, p0: int, length: np.ndarray, bou
     piece_len = length[p0:p0 + int(b[-1])]
     if "position_ids" in task.columns:
         cols["position_ids"] = position_ids(piece_len, b, seq_len)
+    if getattr(tokens, "mask", None) is not None:
+        train = np.zeros((n, seq_len), dtype=np.uint8)
+        train.reshape(-1)[at] = tokens.mask
+        cols["mask"] = train
     if "attention_mask" in task.columns or "labels" in task.columns:
         real = np.zeros((n, seq_len), dtype=bool)
         real.reshape(-1)[at] = True
         if "attention_mask" in task.columns:
             cols["attention_mask"] = real.astype(np.int8)
         if "labels" in task.columns:
-            labels = np.where(real, ids, hf.LABEL_IGNORE)
+            labels = np.where(real if "mask" not in cols else real & (cols["mask"] == 1), ids, hf.LABEL_IGNORE)
             # no loss on a document's first token: it would be predicted from another document
             piece_at = np.concatenate([[0], np.cumsum(piece_len)[:-1]]).astype(np.int64)
             row_of = np.repeat(np.arange(n), np.diff(b))
@@ -263,11 +291,14 @@ def _write_parquet(fs, path: str, task: ShardTask, batches, length, bounds, fill
                     n = r1 - r0
                     offsets = np.arange(n + 1, dtype=np.int64) * task.seq_len
                     arrays = {name: lists(a.reshape(-1), offsets, schema.field(name).type.value_type)
-                              for name, a in cols.items()}
+                              for name, a in cols.items() if name in schema.names}
                     arrays["seq_lengths"] = lists(length[p0:p1], bounds[r0:r1 + 1] - p0, pa.int32())
                 else:
                     offsets = np.concatenate([[0], np.cumsum(filled[r0:r1])])
-                    arrays = {"input_ids": lists(tokens.astype(np.int64), offsets, pa.int32())}
+                    ids = np.asarray(tokens).astype(np.int64)
+                    arrays = {"input_ids": lists(ids, offsets, pa.int32())}
+                    if "labels" in schema.names:  # a chat run's documents: the loss on the assistant's tokens alone
+                        arrays["labels"] = lists(_labels(ids, getattr(tokens, "mask", None)), offsets, pa.int32())
                 writer.write_table(pa.table([arrays[name] for name in schema.names], schema=schema),
                                    row_group_size=max(1, r1 - r0))
 
@@ -279,24 +310,30 @@ def npy_names(prefix: str, split: str, index: int, columns: tuple[str, ...]) -> 
     names = {"input_ids": f"{base}.npy", "seq_lengths": f"{base}.seq_lengths.npy", "seq_index": f"{base}.seq_index.npy"}
     if "position_ids" in columns:
         names["position_ids"] = f"{base}.position_ids.npy"
+    if "mask" in columns:
+        names["mask"] = f"{base}.mask.npy"
     return names
 
 
 def _write_npy(fs, root: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
     from .formats.npy import header
 
-    names = npy_names(task.prefix, task.split, task.index, task.columns)
+    names = npy_names(task.prefix, task.split, task.index, task.columns + (("mask",) if task.mask else ()))
     n, seq_len = task.rows, task.seq_len
     with contextlib.ExitStack() as stack:
         out = {key: stack.enter_context(_output(fs, join(root, name), written)) for key, name in names.items()}
         out["input_ids"].write(_npy_header(task.dtype, (n, seq_len)))
         if "position_ids" in out:
             out["position_ids"].write(_npy_header("<i4", (n, seq_len)))
+        if "mask" in out:
+            out["mask"].write(_npy_header("|u1", (n, seq_len)))
         for r0, r1, p0, p1, tokens in batches:
             cols = _rows_of(task, r0, r1, p0, length, bounds, filled, tokens)
             out["input_ids"].write(cols["input_ids"].astype(task.dtype).tobytes())
             if "position_ids" in out:
                 out["position_ids"].write(cols["position_ids"].astype("<i4").tobytes())
+            if "mask" in out:
+                out["mask"].write(cols["mask"].astype("|u1").tobytes())
         out["seq_lengths"].write(header(dtype="<i4", count=len(length)) + length.astype("<i4").tobytes())
         out["seq_index"].write(header(dtype="<i8", count=len(bounds)) + bounds.astype("<i8").tobytes())
 
@@ -349,6 +386,9 @@ def run_packed_export(config, *, lease, announce: Callable[[str], None] = print)
     enc = manifest.encoding
     dtype = config.fmt.dtype(enc.dtype) if config.format != "hf" else enc.dtype
     columns = config.extra_columns
+    mask = has_masks(manifest)
+    if mask and config.format == "hf" and "labels" not in columns:  # a chat run trains on the assistant alone
+        columns = (*columns, "labels")
     pad_id = enc.eot if enc.eot is not None and enc.eot >= 0 else 0
     sizes = [r.tokens for r in runs]
     val_split = mix.split_val(config.val_tokens, mix.weights_of(config.weights, sizes, names))
@@ -404,6 +444,7 @@ def run_packed_export(config, *, lease, announce: Callable[[str], None] = print)
 def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int, dtype: str, seed: int, dest_fs,
            dest_root: str, lease, t0: float, announce) -> ExportSummary:
     names = [r.path for r in runs]
+    mask = has_masks(runs[0].manifest)
     all_futures = [f for fs in packed for f in fs]
     labels = [f"packing partition {k} of {r.path}" for r in runs for k in range(len(r.parts))]
     counts = runner.gather(client, [client.submit(part_counts, f, pure=False) for f in all_futures], labels,
@@ -452,7 +493,7 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
                     else f"{config.name_prefix}_{split}_{i:06d}")
             shards.append((ShardTask(fmt=config.format, name=name, prefix=config.name_prefix, index=i, split=split, rows=size, seq_len=spec.seq_len,
                                      columns=columns, pad_id=pad_id, dtype=dtype, dest=config.to,
-                                     storage_options=config.storage_options), lo, lo + size))
+                                     storage_options=config.storage_options, mask=mask), lo, lo + size))
             lo += size
 
     catalog = client.scatter(Catalog(sources=tuple(r.source for r in runs),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UserError
-from ..format.reader import PartitionFiles
+from ..format.reader import MaskFiles, PartitionFiles
 from ..storage.store import is_local
 
 GAP_BYTES = 1 << 20
@@ -37,6 +37,18 @@ class DocView:
         a = self.start[d0:d1] + np.maximum(lo - cum[d0:d1], 0)
         b = self.start[d0:d1] + np.minimum(hi - cum[d0:d1], length[d0:d1])
         return gather(self.files, self.src[d0:d1], self.part[d0:d1], a, b)
+
+    def mask(self, split: str, lo: int, hi: int) -> np.ndarray:
+        """The assistant mask (uint8, 1: train on it) of tokens [lo, hi): a chat run's mask files,
+        read as ``tokens`` reads the tokens."""
+        if not hasattr(self, "_mask_files"):
+            self._mask_files = [MaskFiles(f) for f in self.files]
+        cum, length = self.cum, self.length
+        d0 = int(np.searchsorted(cum, lo, side="right")) - 1
+        d1 = int(np.searchsorted(cum, hi, side="left"))
+        a = self.start[d0:d1] + np.maximum(lo - cum[d0:d1], 0)
+        b = self.start[d0:d1] + np.minimum(hi - cum[d0:d1], length[d0:d1])
+        return gather(self._mask_files, self.src[d0:d1], self.part[d0:d1], a, b)
 
     def lengths(self, split: str, lo: int, hi: int) -> np.ndarray:
         """int32 token counts of documents [lo, hi) (Megatron's sequence lengths)."""

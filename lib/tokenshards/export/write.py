@@ -118,6 +118,9 @@ def render(chunk: Chunk, view) -> bytes:
                 _, k, split, lo, hi, dtype = op
                 tokens = view(k, split).tokens(split, lo, hi)
                 pieces.append(tokens.astype(dtype, copy=False).tobytes())
+            elif kind == "mask":
+                _, k, split, lo, hi = op
+                pieces.append(view(k, split).mask(split, lo, hi).astype(np.uint8, copy=False).tobytes())
             elif kind == "lengths":
                 _, k, split, lo, hi = op
                 pieces.append(view(k, split).lengths(split, lo, hi).tobytes())

@@ -139,6 +139,26 @@ class PartitionFiles:
         return self._offsets[k]
 
 
+class MaskFiles(PartitionFiles):
+    """A chat run's assistant masks (``mask_file``: uint8 ``.npy``, one value per token), read
+    exactly as its tokens are, so every exporter takes a token range's mask the same way."""
+
+    def __init__(self, files: PartitionFiles):
+        super().__init__(files.fs, files.root, dtype="uint8", partitions=files.partitions)
+
+    def _tokens_path(self, k: int) -> str:
+        entry = self.partitions[k]
+        if not entry.mask_file:
+            raise UserError(f"partition {entry.index} ({entry.tokens_file}) has no assistant mask: its run was not "
+                            "tokenized with --chat-column; export chat runs and text runs apart")
+        return join(self.root, entry.mask_file)
+
+
+def has_masks(manifest: Manifest) -> bool:
+    """Whether the run is a chat run whose partitions carry assistant masks (``tokenize --chat-column``)."""
+    return bool(manifest.partitions) and all(e.mask_file for e in manifest.partitions)
+
+
 class TokenDataset:
     """A tokenized output (local folder or s3://) as documents and one long token stream.
 

@@ -42,7 +42,8 @@ REQUIRED_KEYS = FORMAT_KEYS + (
 ENCODING_KEYS = ("name", "n_vocab", "eot", "dtype")
 ENTRY_KEYS = ("index", "input", "row_groups", "rows", "docs", "skipped_null", "skipped_empty", "tokens",
               "tokens_file", "docs_file", "sha256")
-OPTIONAL_ENTRY_KEYS = ("backend", "tokens_bytes", "docs_bytes", "skipped_invalid", "invalid_rows")
+OPTIONAL_ENTRY_KEYS = ("backend", "tokens_bytes", "docs_bytes", "skipped_invalid", "invalid_rows",
+                       "mask_file", "mask_sha256", "mask_bytes", "skipped_bad", "bad_rows", "bad_row_numbers")
 """Written after ``ENTRY_KEYS``, in this order, when set."""
 MAX_LISTED_INVALID = 100
 """How many rows of invalid UTF-8 an entry lists (it counts them all)."""
@@ -69,6 +70,11 @@ def tokens_file(index: int) -> str:
 
 def docs_file(index: int) -> str:
     return f"{part_stem(index)}.docs.parquet"
+
+
+def mask_file(index: int) -> str:
+    """A chat run's assistant mask (``tokenize --chat-column``): ``.npy``, uint8, one per token."""
+    return f"{part_stem(index)}.mask.npy"
 
 
 def done_file(index: int) -> str:
@@ -181,7 +187,8 @@ def entry_problems(d, *, where: str = "partition entry", sums: bool = True) -> l
         return [f"{where} lacks {', '.join(missing)}"]
     problems = []
     bad = [k for k in ("index", *COUNT_KEYS) if not _is_count(d[k])]
-    bad += [k for k in ("skipped_invalid", "tokens_bytes", "docs_bytes") if d.get(k) is not None and not _is_count(d[k])]
+    bad += [k for k in ("skipped_invalid", "tokens_bytes", "docs_bytes", "mask_bytes", "skipped_bad")
+            if d.get(k) is not None and not _is_count(d[k])]
     for k in bad:
         problems.append(f"{where}.{k} is {_show(d[k])}, expected a count (an int in 0..2**63-1)")
     rg = d["row_groups"]
@@ -197,13 +204,16 @@ def entry_problems(d, *, where: str = "partition entry", sums: bool = True) -> l
     rows = d.get("invalid_rows")
     if rows is not None and not (isinstance(rows, list) and all(_is_count(r) for r in rows)):
         problems.append(f"{where}.invalid_rows is {_show(rows)}, expected a list of row numbers")
-    for key in ("tokens_file", "docs_file"):
+    reasons = d.get("bad_rows")
+    if reasons is not None and not (isinstance(reasons, dict) and all(_is_count(v) for v in reasons.values())):
+        problems.append(f"{where}.bad_rows is {_show(reasons)}, expected counts by reason")
+    for key in ("tokens_file", "docs_file", *(("mask_file",) if d.get("mask_file") is not None else ())):
         problem = relative_path_problem(d[key])
         if problem:
             problems.append(f"{where}.{key} {problem}")
     if sums and not bad:
         problems += [f"{where}: {p}" for p in _rows_problem(d["rows"], d["docs"], d["skipped_null"], d["skipped_empty"],
-                                                             d.get("skipped_invalid") or 0)]
+                                                             d.get("skipped_invalid") or 0, d.get("skipped_bad") or 0)]
     return problems
 
 
@@ -283,7 +293,7 @@ def bookkeeping_problems(manifest: "Manifest") -> list[str]:
     for e in entries:
         where = f"partition {e.index}"
         problems += [f"{where}: {p}" for p in _rows_problem(e.rows, e.docs, e.skipped_null, e.skipped_empty,
-                                                            e.skipped_invalid)]
+                                                            e.skipped_invalid, e.skipped_bad)]
         if e.input not in known_inputs:
             problems.append(f"{where}: input {e.input!r} is not among the manifest's inputs")
     problems += coverage_problems(manifest)
@@ -291,6 +301,8 @@ def bookkeeping_problems(manifest: "Manifest") -> list[str]:
     keys = list(TOTAL_KEYS)
     if "skipped_invalid" in totals or any(e.skipped_invalid for e in entries):
         keys.append("skipped_invalid")
+    if "skipped_bad" in totals or any(e.skipped_bad for e in entries):
+        keys.append("skipped_bad")
     for key in keys:
         total = sum(int(getattr(e, key)) for e in entries)
         if totals.get(key) != total:
@@ -300,11 +312,11 @@ def bookkeeping_problems(manifest: "Manifest") -> list[str]:
     return problems
 
 
-def _rows_problem(rows: int, docs: int, null: int, empty: int, invalid: int) -> list[str]:
-    if rows == docs + null + empty + invalid:
+def _rows_problem(rows: int, docs: int, null: int, empty: int, invalid: int, bad: int = 0) -> list[str]:
+    if rows == docs + null + empty + invalid + bad:
         return []
     return [f"rows {rows} != docs {docs} + skipped_null {null} + skipped_empty {empty}"
-            + (f" + skipped_invalid {invalid}" if invalid else "")]
+            + (f" + skipped_invalid {invalid}" if invalid else "") + (f" + skipped_bad {bad}" if bad else "")]
 
 
 def coverage_problems(manifest: "Manifest") -> list[str]:
@@ -380,6 +392,17 @@ class PartitionEntry:
     some were): then ``rows == docs + skipped_null + skipped_empty + skipped_invalid``."""
     invalid_rows: tuple[int, ...] = ()
     """The first of those rows (at most ``MAX_LISTED_INVALID``), for the user to look at."""
+    mask_file: str | None = None
+    """A chat run's assistant mask (``mask_file(index)``), written and committed with the tokens."""
+    mask_sha256: str | None = None
+    mask_bytes: int | None = None
+    skipped_bad: int = 0
+    """Chat rows whose messages were malformed, skipped under ``--on-bad-row skip``: then
+    ``rows == docs + skipped_null + skipped_empty + skipped_invalid + skipped_bad``."""
+    bad_rows: dict = field(default_factory=dict)
+    """Those rows counted by reason (``encoding.chat.BAD_REASONS``)."""
+    bad_row_numbers: tuple[int, ...] = ()
+    """The first of them (at most ``MAX_LISTED_INVALID``)."""
     extra: dict = field(default_factory=dict, compare=True)
     """Keys this version does not know, kept so that nothing read is lost."""
 
@@ -407,8 +430,9 @@ class PartitionEntry:
         rg = d["row_groups"]
         values["row_groups"] = tuple(rg) if isinstance(rg, (list, tuple)) else rg
         optional = {k: d[k] for k in OPTIONAL_ENTRY_KEYS if d.get(k) is not None}
-        if "invalid_rows" in optional:
-            optional["invalid_rows"] = tuple(optional["invalid_rows"])
+        for key in ("invalid_rows", "bad_row_numbers"):
+            if key in optional:
+                optional[key] = tuple(optional[key])
         return cls(**values, **optional, extra={k: v for k, v in d.items() if k not in known})
 
 
@@ -649,6 +673,13 @@ def _totals(entries: Sequence[PartitionEntry]) -> dict:
     totals = {k: sum(int(getattr(e, k)) for e in entries) for k in TOTAL_KEYS}
     if any(e.skipped_invalid for e in entries):  # only runs that skipped such rows carry the key
         totals["skipped_invalid"] = sum(e.skipped_invalid for e in entries)
+    if any(e.skipped_bad for e in entries):  # chat runs that skipped malformed rows: by reason too
+        totals["skipped_bad"] = sum(e.skipped_bad for e in entries)
+        reasons: dict[str, int] = {}
+        for e in entries:
+            for reason, n in e.bad_rows.items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        totals["bad_rows"] = dict(sorted(reasons.items()))
     return totals
 
 
@@ -735,7 +766,9 @@ def local_file_problems(fs: fsspec.AbstractFileSystem, root: str, manifest: Mani
     folders: dict[str, bool] = {}
     problems = []
     for e in manifest.by_index():
-        for key, rel in (("tokens_file", e.tokens_file), ("docs_file", e.docs_file), ("done record", done_file(e.index))):
+        files = (("tokens_file", e.tokens_file), ("docs_file", e.docs_file), ("done record", done_file(e.index)),
+                 *((("mask_file", e.mask_file),) if e.mask_file else ()))
+        for key, rel in files:
             path = os.path.join(root, rel)
             try:
                 info = os.lstat(path)
@@ -815,7 +848,8 @@ class PartFiles(NamedTuple):
 
 def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: pa.Array | Sequence[str], rows, starts, lengths,
                     skipped_null: int, skipped_empty: int, backend: str = "", invalid_rows: Sequence[int] = (),
-                    tokens_bytes: bytes | bytearray | None = None) -> PartFiles:
+                    tokens_bytes: bytes | bytearray | None = None, mask_bytes: bytes | bytearray | None = None,
+                    bad_rows: dict | None = None, bad_row_numbers: Sequence[int] = ()) -> PartFiles:
     """A partition's two data files and its entry, from its tokens and docs columns. Pure: the
     caller writes them (data files first, the done record that commits them last). ``tokens_bytes``:
     ``npy_bytes(tokens)``, when the caller made them already (to start writing them sooner)."""
@@ -834,8 +868,20 @@ def partition_files(piece: _Piece, tokens: np.ndarray, *, ids: pa.Array | Sequen
         sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend=backend or None,
         tokens_bytes=len(tokens_bytes), docs_bytes=len(docs_bytes),
         skipped_invalid=len(invalid_rows), invalid_rows=tuple(invalid_rows[:MAX_LISTED_INVALID]),
+        **_mask_fields(piece.index, mask_bytes, bad_rows or {}, bad_row_numbers),
     )
     return PartFiles(tokens_bytes, docs_bytes, entry)
+
+
+def _mask_fields(index: int, mask: bytes | bytearray | None, bad_rows: dict, numbers: Sequence[int]) -> dict:
+    """A chat partition's entry fields: its mask file and the malformed rows it skipped."""
+    fields: dict = {}
+    if mask is not None:
+        fields.update(mask_file=mask_file(index), mask_sha256=hashlib.sha256(mask).hexdigest(), mask_bytes=len(mask))
+    if bad_rows:
+        fields.update(skipped_bad=sum(bad_rows.values()), bad_rows=dict(sorted(bad_rows.items())),
+                      bad_row_numbers=tuple(numbers[:MAX_LISTED_INVALID]))
+    return fields
 
 
 def npy_bytes(tokens: np.ndarray) -> bytearray:

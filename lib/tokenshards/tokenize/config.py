@@ -12,6 +12,7 @@ from ..errors import UserError
 from ..storage.hubspec import HubDataset
 
 EOT_POSITIONS = ("prefix", "suffix", "none")
+ON_BAD_ROW = ("fail", "skip")
 
 @dataclass(frozen=True)
 class Output:
@@ -46,6 +47,11 @@ class TokenizeConfig(RunOptions):
     """Grow the finished run in ``out`` with the inputs it lacks (``tokenize.grow``)."""
     hub: HubDataset | None = None
     """A Hub dataset sample (``--dataset/--size``), tokenized after (or besides) ``inputs``."""
+    chat_column: str | None = None
+    """``--chat-column``: rows are conversations (lists of {role, content}) rendered through the
+    tokenizer's chat template, with an assistant mask beside the tokens (``encoding.chat``)."""
+    on_bad_row: str = "fail"
+    """``--on-bad-row``: a chat row whose messages are malformed fails the run, or is skipped and counted."""
     more_outputs: tuple[Output, ...] = ()
     """Further (encoding, OUT) pairs (``--encoding``/``--out`` repeated), written from the same
     reads: each OUT gets what a run of its encoding alone writes there."""
@@ -65,12 +71,32 @@ class TokenizeConfig(RunOptions):
             raise UserError(f"--eot {self.eot_position} and --boundary {self.boundary} both say where the boundaries go: "
                             "give one (--eot is --boundary's older name for tiktoken's <|endoftext|>)")
         check_on_bad_file(self.on_bad_file)
+        self._check_chat()
         if self.add and self.hub is not None:
             raise UserError("--add takes --input files; a --dataset sample cannot be added to a run yet: "
                             "download it first (`tokenshards download --to DIR`) and pass --input DIR")
         if self.partition_bytes is not None and self.partition_bytes < 1:
             raise UserError(f"--partition-mb {self.partition_bytes / 1e6:g} must be positive")
         _check_distinct(self.outputs)
+
+    def _check_chat(self) -> None:
+        if self.on_bad_row not in ON_BAD_ROW:
+            raise UserError(f"--on-bad-row {self.on_bad_row!r} not supported, expected one of {ON_BAD_ROW}")
+        if self.chat_column is None:
+            if self.on_bad_row != "fail":
+                raise UserError("--on-bad-row is about chat rows: add --chat-column COLUMN (or drop --on-bad-row)")
+            return
+        if self.text_column not in ("text", self.chat_column):
+            raise UserError(f"--text-column {self.text_column} and --chat-column {self.chat_column} name two columns; "
+                            "a chat run reads one: give --chat-column alone")
+        object.__setattr__(self, "text_column", self.chat_column)  # the column every stage reads
+        if self.eot_position is not None or self.boundary != "auto":
+            given = f"--eot {self.eot_position}" if self.eot_position is not None else f"--boundary {self.boundary}"
+            raise UserError(f"{given} with --chat-column: the chat template writes a conversation's own control "
+                            "tokens (its BOS, its end-of-turn); drop it")
+        if self.more_outputs:
+            raise UserError("--chat-column takes one --encoding and one --out (each tokenizer has its own chat template); "
+                            "run it once per tokenizer")
 
     @property
     def outputs(self) -> tuple[Output, ...]:
@@ -83,6 +109,8 @@ class TokenizeConfig(RunOptions):
 
     def boundaries(self, loaded) -> Boundaries:
         """The boundaries this run places around each document of ``loaded``'s tokenizer."""
+        if self.chat_column is not None:
+            return Boundaries(why="a chat run: the chat template writes each conversation's own control tokens")
         if self.eot_position is not None and loaded.legacy:  # tiktoken's one <|endoftext|>, as always
             eot = loaded.spec.eot
             return Boundaries(prefix=(eot,) if self.eot_position == "prefix" else (),

@@ -28,7 +28,7 @@ from ..corpus.gather import Corpus, find_inputs, gather, open_inputs
 from ..corpus.inputs import Inputs
 from ..corpus.plan import BadInput, Piece, submission_order
 from ..corpus.read import FRAME_META, read_piece
-from .task import PIECE_META, RESULT_META, TaskResult, TaskSettings, piece_frame, write_frame
+from .task import PIECE_META, RESULT_META, ChatSettings, TaskResult, TaskSettings, piece_frame, write_frame
 from . import resume
 from ..cluster.progress import Progress
 from ..wording import counted, human
@@ -199,6 +199,8 @@ class _Output:
     job: str = ""
     growth: grow.Growth | None = None
     """What this command adds to the run in OUT (``tokenize --add``), or None."""
+    chat: dict | None = None
+    """A chat run's ``chat`` block (``chat_block``), or None."""
     committed: dict[int, PartitionEntry] = field(default_factory=dict)
     entries: dict[int, PartitionEntry] = field(default_factory=dict)
     unreadable: list[BadInput] = field(default_factory=list)
@@ -289,7 +291,13 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
         name = o.config.encoding
         o.loaded = loaded[name] = loaded.get(name) or registry.load(name, announce=encoding_notes.append)
         o.boundaries = o.config.boundaries(o.loaded)
-        if not o.loaded.legacy or not o.boundaries.single:
+        if config.chat_column is not None:
+            o.chat = chat_block(config, o.loaded)
+            encoding_notes.append(f"chat: conversations in column {config.chat_column!r} rendered through "
+                                  f"{o.loaded.name}'s chat template; assistant tokens marked by "
+                                  + ("its {% generation %} blocks" if o.chat["mask"] == "generation"
+                                     else "the turn rule (its template marks no {% generation %}: docs/chat.md)"))
+        elif not o.loaded.legacy or not o.boundaries.single:
             encoding_notes.append(o.about(f"boundaries: {o.boundaries.describe(o.loaded.token_name)} "
                                           f"({o.boundaries.why})"))
     check_request(config.backend)  # the backend itself is verified once the cluster is starting
@@ -338,6 +346,7 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, outs: list[_Output], enc
         o.lease.check()  # a run that stalled past its lease must not commit over its successor's files
         _check_parts_here(o.fs, o.root, o.entries.values(), url=o.config.out)
     _announce_invalid_rows({e.index: e for o in outs for e in o.entries.values()}.values(), announce=announce)
+    _announce_bad_rows([e for o in outs for e in o.entries.values()], column=config.text_column, announce=announce)
     summaries = Summaries(tuple(_commit(o, corpus, t0=t0) for o in outs))
     if config.report:
         announce(f"performance report: {config.report}")
@@ -364,6 +373,9 @@ def _choose_backend(o: _Output, requested: str) -> str:
     """Pick the output's tokenizer (each encoding its own: ``auto`` verifies each against
     tiktoken); returns the line that says which."""
     loaded = o.loaded
+    if o.chat is not None:  # transformers renders and encodes conversations; workers build the reference only
+        o.backend = loaded.library
+        return f"tokenizer: {backend_version('transformers')} (apply_chat_template's rendering, message text as text)"
     choice = prebuilt.ask(loaded.fingerprint, requested) or loaded.choose(requested)
     o.backend = choice.name
     return f"tokenizer{f' for {o.config.encoding}' if o.several else ''}: {choice.note}"
@@ -386,6 +398,8 @@ def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Call
     else:
         resume.claim_output(o.fs, o.root, o.identity, url=o.config.out,
                             identity_like=lambda path, recorded: _identity_like(path, recorded, config, files))
+    if o.chat is not None:  # what decides a chat run's bytes besides the encoding (whose files hold the template)
+        o.identity = {**o.identity, "chat": o.chat}
     o.job = resume.identity_hash(o.identity)
     _clear_leftovers(o.fs, o.root)
     redo: list[str] = []
@@ -413,7 +427,8 @@ def _task_settings(client: Client, o: _Output, config: TokenizeConfig) -> TaskSe
     return TaskSettings(out=o.config.out, storage_options=config.storage_options, encoder=plugin.ref,
                         dtype=o.loaded.dtype, boundaries=o.boundaries, job=o.parts_job,
                         text_column=config.text_column, on_bad_file=config.on_bad_file,
-                        backend=backend_version(o.backend))
+                        backend=backend_version("transformers" if o.chat is not None else o.backend),
+                        chat=ChatSettings(on_bad_row=config.on_bad_row) if o.chat is not None else None)
 
 
 def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
@@ -423,7 +438,8 @@ def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
                   for b in [*corpus.unreadable, *o.unreadable]]
     result = manifest.build_manifest(identity=o.identity, job=o.job, files=corpus.files, skipped=unreadable,
                                      entries=list(o.entries.values()),
-                                     extra={"planned_partitions": len(corpus.pieces), **corpus.record})
+                                     extra={"planned_partitions": len(corpus.pieces), **corpus.record,
+                                            **({"chat": o.chat} if o.chat is not None else {})})
     if o.growth is not None:
         result = o.growth.manifest(result, planned=o.growth.first_index + len(corpus.pieces))
     manifest.write_manifest(o.fs, o.root, result)
@@ -478,6 +494,35 @@ def _announce_invalid_rows(entries, *, announce: Callable[[str], None]) -> None:
             rows = ", ".join(map(str, e.invalid_rows[:5])) + (", …" if e.skipped_invalid > 5 else "")
             announce(f"skipped {counted(e.skipped_invalid, 'row')} of {e.input} (partition {e.index}) whose "
                      f"text is not valid UTF-8: rows {rows}; recorded as skipped_invalid in the manifest")
+
+
+def _announce_bad_rows(entries, *, column: str, announce: Callable[[str], None]) -> None:
+    """One line per partition that skipped malformed chat rows (``--on-bad-row skip``)."""
+    for e in sorted(entries, key=lambda e: e.index):
+        if e.skipped_bad:
+            rows = ", ".join(map(str, e.bad_row_numbers[:5])) + (", …" if e.skipped_bad > 5 else "")
+            reasons = ", ".join(f"{n} {reason}" for reason, n in e.bad_rows.items())
+            announce(f"skipped {counted(e.skipped_bad, 'row')} of {e.input} (partition {e.index}) whose column "
+                     f"{column!r} holds malformed messages ({reasons}): rows {rows}; counted as skipped_bad and "
+                     "bad_rows in the manifest")
+
+
+def chat_block(config: TokenizeConfig, loaded) -> dict:
+    """The manifest's (and job identity's) ``chat`` block; a tokenizer without a chat template
+    is refused here, in one line, before any work."""
+    import hashlib
+    import json
+
+    from ..encoding.chat import GENERATION_RE, template_of
+
+    if getattr(loaded, "kind", "") != "hf":
+        raise UserError(f"--chat-column needs a Hugging Face tokenizer with a chat template (tokenizer.json + "
+                        f"tokenizer_config.json, a folder or a Hub repo id); --encoding {config.encoding} is a "
+                        f"{getattr(loaded, 'kind', 'tiktoken')} tokenizer, which has none")
+    template = template_of(json.loads(loaded.extra) if loaded.extra else {}, name=config.encoding)
+    return {"column": config.chat_column, "template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+            "mask": "generation" if GENERATION_RE.search(template) else "turn", "mask_file": "uint8 per token",
+            "on_bad_row": config.on_bad_row}
 
 
 def _clear_leftovers(fs, root: str) -> None:

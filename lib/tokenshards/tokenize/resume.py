@@ -118,7 +118,10 @@ def _relative(root: str, path: str) -> str:
 def _files_problem(entry: PartitionEntry, sizes: dict[str, int | None]) -> str | None:
     """Why a committed partition's files cannot be trusted, or None. Done records from before
     sizes were recorded are checked for presence only."""
-    for name, want in ((entry.tokens_file, entry.tokens_bytes), (entry.docs_file, entry.docs_bytes)):
+    files = [(entry.tokens_file, entry.tokens_bytes), (entry.docs_file, entry.docs_bytes)]
+    if entry.mask_file:  # a chat partition's mask is committed with its tokens (the same done record)
+        files.append((entry.mask_file, entry.mask_bytes))
+    for name, want in files:
         if name not in sizes:
             return f"{name} is missing"
         if want is not None and sizes[name] is not None and sizes[name] != want:

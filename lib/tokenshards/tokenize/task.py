@@ -21,14 +21,17 @@ import pyarrow.compute as pc
 from dask.sizeof import sizeof
 from distributed.protocol import dask_deserialize, dask_serialize
 
-from ..corpus.plan import Piece
+from ..corpus.plan import Piece, is_chat_type
 from ..corpus.read import (READ_AT, frame_of, keep_columns, kept_columns, piece_columns, read_piece,
                            unreadable_reason, utf8_or_null)
 from ..encoding.boundaries import Boundaries
+from ..encoding import chat as chat_encoding
 from ..encoding.plugin import WorkerEncoder
+from ..errors import InputError
 from ..format import v1
 from ..format.v1 import PartitionEntry
 from ..storage.store import begin_write, filesystem, join, write_atomic
+from .chat import ChatBatch, bad_row_line, tokenize_chats
 from .core import tokenize_column
 
 PIECE_META = pd.DataFrame({"piece": pd.Series([], dtype=object), "outputs": pd.Series([], dtype=object)})
@@ -85,6 +88,25 @@ class TaskSettings:
     backend: str = ""
     """The tokenizer that writes this run's partitions (``"splintr 0.22.0"``), recorded in each
     done record: a resumed run may have written its partitions with another."""
+    chat: "ChatSettings | None" = None
+    """A chat run's (``--chat-column``): rows are conversations, written with an assistant mask."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatSettings:
+    on_bad_row: str = "fail"
+
+
+_TEMPLATES: dict[str, chat_encoding.ChatTemplate] = {}
+"""Each worker's chat templates by encoder plugin: built once (loading transformers' tokenizer
+takes a second or more), used by every task of the run."""
+
+
+def _template(encoder: WorkerEncoder) -> chat_encoding.ChatTemplate:
+    if encoder.plugin not in _TEMPLATES:
+        loaded = encoder.loaded()
+        _TEMPLATES[encoder.plugin] = chat_encoding.build(loaded.payload, loaded.extra, name=loaded.name)
+    return _TEMPLATES[encoder.plugin]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,24 +200,39 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
     if unreadable is not None:
         return [TaskResult(piece=piece, entry=None, unreadable=unreadable, started=started, finished=time.time())
                 for _ in settings]
-    text, invalid = utf8_or_null(text, all_rows, piece, text_column=settings[0].text_column,
-                                 on_bad_file=settings[0].on_bad_file)
+    _check_column_kind(text, piece, settings[0])
+    if is_chat_type(text.type):  # conversations: their strings are checked as the template reads them
+        invalid = []
+    else:
+        text, invalid = utf8_or_null(text, all_rows, piece, text_column=settings[0].text_column,
+                                     on_bad_file=settings[0].on_bad_file)
     all_ids = document_ids(ids, all_rows, piece.name)
     invalid_rows = all_rows[invalid].tolist() if invalid else ()
     results = []
     for each, backend in zip(settings, backends):
-        batch = tokenize_column(text, backend, boundaries=each.boundaries, eot_position=each.eot_position, dtype=each.dtype)
+        chats = None
+        if each.chat is not None:
+            chats = _chat_batch(text, all_rows, piece, settings=each)
+            batch = chats.batch
+        else:
+            batch = tokenize_column(text, backend, boundaries=each.boundaries, eot_position=each.eot_position,
+                                    dtype=each.dtype)
         fs, root = filesystem(each.out, each.storage_options)
         # The tokens file, most of the bytes, starts on its way to the disk (or S3) first; its
         # checksum and the docs file are made while it goes.
         tokens_bytes = v1.npy_bytes(batch.tokens)
         tokens = begin_write(fs, join(root, v1.tokens_file(piece.index)), tokens_bytes)
         try:
+            mask_bytes = v1.npy_bytes(chats.mask) if chats is not None else None
             files = v1.partition_files(piece, batch.tokens, tokens_bytes=tokens_bytes, ids=_kept(all_ids, batch.kept),
                                        rows=all_rows[batch.kept], starts=batch.starts, lengths=batch.lengths,
                                        skipped_null=batch.skipped_null - len(invalid), skipped_empty=batch.skipped_empty,
-                                       backend=each.backend, invalid_rows=invalid_rows)
+                                       backend=each.backend, invalid_rows=invalid_rows, mask_bytes=mask_bytes,
+                                       bad_rows=chats.bad if chats is not None else None,
+                                       bad_row_numbers=all_rows[list(chats.bad_positions)].tolist() if chats else ())
             write_atomic(fs, join(root, files.entry.docs_file), files.docs)
+            if mask_bytes is not None:  # committed with the tokens: the done record below names it
+                write_atomic(fs, join(root, files.entry.mask_file), mask_bytes)
         except BaseException:
             tokens.abort()
             raise
@@ -204,6 +241,29 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
         write_atomic(fs, join(root, v1.done_file(piece.index)), v1.DoneRecord(entry=files.entry, job=each.job).to_bytes())
         results.append(TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time()))
     return results
+
+
+def _check_column_kind(column, piece: Piece, settings: TaskSettings) -> None:
+    """Conversations need ``--chat-column`` and it needs them (or their JSON text): one line."""
+    listed = is_chat_type(column.type)
+    if listed and settings.chat is None:
+        raise InputError(f"{piece.input}: column {settings.text_column!r} holds {column.type}, not text: if it holds "
+                         f"conversations, pass --chat-column {settings.text_column}; else --text-column NAME")
+    if settings.chat is not None and not listed and not pa.types.is_string(column.type) \
+            and not pa.types.is_large_string(column.type) and not pa.types.is_string_view(column.type):
+        raise InputError(f"{piece.input}: --chat-column {settings.text_column!r} holds {column.type}, expected "
+                         "a list of {role, content} messages (or that list as JSON text)")
+
+
+def _chat_batch(column, rows: np.ndarray, piece: Piece, *, settings: TaskSettings) -> ChatBatch:
+    """The piece's conversations tokenized; a malformed row stops the task in one line unless
+    ``--on-bad-row skip``."""
+    chats = tokenize_chats(column.to_pylist(), _template(settings.encoder), dtype=settings.dtype)
+    if chats.bad_positions and settings.chat.on_bad_row != "skip":
+        raise InputError(bad_row_line(input=piece.input, row=int(rows[chats.bad_positions[0]]),
+                                      column=settings.text_column, bad=chats.first_bad,
+                                      more=len(chats.bad_positions) - 1))
+    return chats
 
 
 def _kept(ids: pa.Array, kept: np.ndarray) -> pa.Array:

@@ -94,7 +94,7 @@ def check_listing(manifest: Manifest, names: list[str]) -> tuple[list[str], list
     doesn't list. A reader ignores them, but they mean a different or unfinished run wrote here."""
     listed = set()
     for e in manifest.partitions:
-        listed.update((e.tokens_file, e.docs_file, v1.done_file(e.index)))
+        listed.update((e.tokens_file, e.docs_file, v1.done_file(e.index), *((e.mask_file,) if e.mask_file else ())))
     problems, warnings = [], []
     planned = v1.planned_count(manifest)
     for name in sorted(set(names) - listed):
@@ -133,6 +133,27 @@ def check_tokens(entry: PartitionEntry, tokens: TokensFile, *, expected: Expecte
     if tokens.values is not None and tokens.values.size and int(tokens.values.max()) >= expected.n_vocab:
         problems.append(f"{where}: token id {int(tokens.values.max())} is outside the vocabulary "
                         f"(n_vocab {expected.n_vocab})")
+    return problems
+
+
+def check_mask(entry: PartitionEntry, mask: TokensFile) -> list[str]:
+    """A chat partition's mask file (format v1's optional extension, docs/chat.md): the bytes the
+    manifest names, a 1-D uint8 array of 0 and 1 with one value per token."""
+    where = f"partition {entry.index}: {entry.mask_file}"
+    problems = []
+    if mask.sha256 != entry.mask_sha256:
+        problems.append(f"{where}: sha256 {mask.sha256[:12]}… != manifest's {str(entry.mask_sha256)[:12]}… "
+                        "(the file changed after the run)")
+    if mask.header_problem:
+        return problems + [f"{where}: {mask.header_problem}"]
+    if mask.dtype != "|u1" or len(mask.shape) != 1 or mask.fortran_order:
+        return problems + [f"{where}: {mask.dtype} {mask.shape}, expected a 1-D uint8 array"]
+    if mask.shape[0] != entry.tokens:
+        problems.append(f"{where}: {mask.shape[0]} values, the partition has {entry.tokens} tokens")
+    if mask.values is None:
+        problems.append(f"{where}: {mask.data_bytes} bytes of data, its header promises {mask.shape[0]}")
+    elif mask.values.size and int(mask.values.max()) > 1:
+        problems.append(f"{where}: holds {int(mask.values.max())}, expected only 0 and 1")
     return problems
 
 

@@ -36,7 +36,8 @@ from ..wording import counted
 from ..corpus.footers import WORKER_FOOTERS
 from ..storage.hubreaders import reading_plugins_for_run
 from ..storage.store import file_identity_like, filesystem, is_local, join, read_json
-from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_separators,
+from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_mask,
+                     check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
 
 
@@ -117,6 +118,13 @@ def _verify_partition(entry: PartitionEntry, sample: list[int], *, out: str, sto
         problems.append(f"{where}: {entry.tokens_file} unreadable ({type(e).__name__}: {e})")
     if tokens is not None:
         problems += check_tokens(entry, tokens, expected=expected)
+    if entry.mask_file:
+        try:
+            problems += check_mask(entry, parse_tokens_file(fs.cat_file(join(root, entry.mask_file))))
+        except FileNotFoundError:
+            problems.append(f"{where}: {entry.mask_file} is missing")
+        except OSError as e:
+            problems.append(f"{where}: {entry.mask_file} unreadable ({type(e).__name__}: {e})")
 
     docs = None
     try:

@@ -37,6 +37,8 @@ class Plan:
     """Where each document's eot is (``--eot`` of the run): prefix, suffix or none."""
     shard_tokens: int
     min_shard_tokens: int
+    mask: bool = False
+    """A chat run's: its assistant mask is exported beside the tokens where the format has a place for it."""
 
 
 class Format:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layout import DocOffsets, Literal, OutFile, Streams, TokenRun
+from ..layout import DocOffsets, Literal, MaskRun, OutFile, Streams, TokenRun
 from .base import Format, Plan, wide
 
 
@@ -46,10 +46,13 @@ class Datatrove(Format):
                                  regions=(DocOffsets(split, docs, end=True, dtype="<u8"),)))
             files.append(OutFile(name=f"{stem}.metadata", split=split, tokens=0, regions=(
                 Literal(metadata(tokenizer=plan.encoding or "unknown", token_size=token_size, tokens=tokens)),)))
+            if plan.mask:  # a chat run's: one bool byte per token, 1 = take the loss (DocumentTokenizer's .loss)
+                files.append(OutFile(name=f"{stem}.loss", split=split, tokens=0, regions=(MaskRun(split, 0, tokens),)))
         return files
 
     def patterns(self, prefix: str) -> list[str]:
-        return [f"{split}/{prefix}.ds{suffix}" for split in ("train", "val") for suffix in ("", ".index", ".metadata")]
+        return [f"{split}/{prefix}.ds{suffix}" for split in ("train", "val")
+                for suffix in ("", ".index", ".metadata", ".loss")]
 
     def notes(self, files: list[OutFile], plan: Plan) -> list[str]:
         size = np.dtype(plan.dtype).itemsize

@@ -1,0 +1,263 @@
+"""Chat rows: messages rendered through the tokenizer's own chat template, tokenized, and which
+tokens are the assistant's (``tokenize --chat-column``). Pure: a row in, ids and mask out.
+
+Rendering and tokenizing are ``transformers``' own code (``render_jinja_template``, the tokenizer
+built from the run's ``tokenizer.json`` + ``tokenizer_config.json``), so ids equal
+``apply_chat_template``'s. Two things differ on purpose, both as transformers does them elsewhere:
+
+- Message text is ordinary text: control-token strings inside messages are marked before
+  rendering and encoded as text (``apply_chat_template(sanitize_control_tokens=True)``'s
+  ``mark_control_tokens``/``encode_marked_chat``), so only the template's own markup becomes
+  control tokens. That option refuses assistant masks, hence the encoding below, which keeps
+  each token's characters to place the mask.
+- The mask: where the template marks generations (``{% generation %}``), the tokens overlapping
+  a marked span (``return_assistant_tokens_mask=True``'s rule). Where it does not, the *turn
+  rule*: an assistant turn is what follows the conversation before it rendered with the
+  generation prompt (``messages[:i]``, ``add_generation_prompt=True``), up to and including the
+  first end-of-turn token the template writes after it (``tokenizer_config.json``'s
+  ``eos_token``: Qwen's ``<|im_end|>``, Llama 3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``).
+  A row where the whole rendering does not start with that prefix is a bad row (``unmaskable``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UserError
+
+ROLES = ("system", "user", "assistant", "tool")
+"""Roles a message may have; any other is a bad row (``unknown_role``)."""
+BAD_REASONS = ("not_a_list", "not_a_message", "unknown_role", "content_not_string", "template_error", "unmaskable")
+"""Why a row is bad, as the manifest counts them (``--on-bad-row``)."""
+FIXES = {
+    "not_a_list": "the column must hold a list of {role, content} messages (or that list as JSON text)",
+    "not_a_message": "each message must be an object with role and content",
+    "unknown_role": f"a message's role must be one of {', '.join(ROLES)}",
+    "content_not_string": "a message's content must be a string (an empty one is fine)",
+    "template_error": "the chat template refused the conversation (roles out of order?)",
+    "unmaskable": "the template renders earlier turns differently once a later one follows; "
+                  "use a template that marks {% generation %}",
+}
+GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
+"""How transformers tells a template that marks generations (``render_jinja_template``)."""
+
+
+@dataclass(frozen=True)
+class ChatRow:
+    """One conversation's ids and its assistant mask (1: an assistant token), equal lengths."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+
+
+@dataclass(frozen=True)
+class BadRow:
+    reason: str
+    """One of ``BAD_REASONS``."""
+    detail: str
+
+
+def template_of(config: dict, *, name: str) -> str:
+    """The chat template a ``tokenizer_config.json`` holds (the ``default`` one of a list); a
+    tokenizer without one is a one-line ``UserError``."""
+    template = config.get("chat_template") if isinstance(config, dict) else None
+    if isinstance(template, list):
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+    if not isinstance(template, str) or not template.strip():
+        raise UserError(f"--chat-column needs a tokenizer with a chat template: --encoding {name}'s "
+                        "tokenizer_config.json has no chat_template; pass a Hugging Face tokenizer folder or repo "
+                        "whose tokenizer_config.json has one")
+    return template
+
+
+def messages_of(value) -> list[dict] | BadRow | None:
+    """A row's messages, checked (None: a null or empty row, counted as skipped, not bad). Keys
+    whose value is None are dropped, as ``apply_chat_template`` does (an Arrow struct has every
+    field in every message). A string is read as JSON (datasets that store messages as text)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return BadRow("not_a_list", "text that is not JSON")
+    if not isinstance(value, (list, tuple)):
+        return BadRow("not_a_list", f"a {type(value).__name__}")
+    if not value:
+        return None
+    messages = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict):
+            return BadRow("not_a_message", f"message {i} is a {type(m).__name__}")
+        m = {k: v for k, v in m.items() if v is not None}
+        if m.get("role") not in ROLES:
+            return BadRow("unknown_role", f"message {i} has role {m.get('role')!r}")
+        if not isinstance(m.get("content"), str):
+            return BadRow("content_not_string", f"message {i} ({m['role']}) has content {_kind(m.get('content'))}")
+        messages.append(m)
+    return messages
+
+
+def _kind(value) -> str:
+    return "null" if value is None else f"of type {type(value).__name__}"
+
+
+class ChatTemplate:
+    """A tokenizer and its chat template, ready to turn conversations into ids and masks."""
+
+    def __init__(self, tokenizer, template: str):
+        from transformers.utils import chat_template_utils as ctu
+
+        self.tokenizer = tokenizer
+        self.template = template
+        self.marks_generation = bool(GENERATION_RE.search(template))
+        self._ctu = ctu
+        self._control_re, _ = ctu._get_control_token_patterns(tokenizer._get_control_tokens(template))
+        _, self._markers_re = ctu._get_control_token_patterns(tuple(tokenizer.added_tokens_encoder))
+        self._newline = tokenizer.encode("\n", add_special_tokens=False)
+        self.end_of_turn = tokenizer.eos_token
+        self._kwargs = dict(tokenizer.special_tokens_map)
+
+    @property
+    def rule(self) -> str:
+        """What the manifest records of how masks were made."""
+        return "generation" if self.marks_generation else "turn"
+
+    def encode(self, messages: list[dict]) -> ChatRow | BadRow:
+        """The conversation's ids (as ``apply_chat_template(tokenize=True)`` gives them, message
+        text as ordinary text) and its assistant mask."""
+        marked = self._ctu.mark_control_tokens(messages, self._control_re)
+        try:
+            text, spans = self._render(marked, generation=self.marks_generation)
+            if not self.marks_generation:
+                spans = self._turn_spans(marked, text)
+                if isinstance(spans, BadRow):
+                    return spans
+        except Exception as e:  # the template's raise_exception, or a Jinja error on this conversation
+            return BadRow("template_error", _one_line(e))
+        ids, offsets = self._encode_marked(text)
+        return ChatRow(ids=np.asarray(ids, dtype=np.int64), mask=_mask(offsets, spans))
+
+    def _render(self, messages, *, generation: bool, prompt: bool = False) -> tuple[str, list]:
+        rendered, indices = self._ctu.render_jinja_template(
+            conversations=[messages], chat_template=self.template, return_assistant_tokens_mask=generation,
+            add_generation_prompt=prompt, **self._kwargs)
+        return rendered[0], (indices[0] if generation else [])
+
+    def _turn_spans(self, marked: list[dict], text: str) -> list[tuple[int, int]] | BadRow:
+        """The turn rule (module docstring), in the rendering's characters."""
+        spans = []
+        for i, m in enumerate(marked):
+            if m["role"] != "assistant":
+                continue
+            before, _ = self._render(marked[:i], generation=False, prompt=True)
+            if not text.startswith(before):
+                return BadRow("unmaskable", f"message {i} (assistant): the rendering does not start with the "
+                                            "conversation before it")
+            start = len(before)
+            spans.append((start, self._end_of_turn(text, start)))
+        return spans
+
+    def _end_of_turn(self, text: str, start: int) -> int:
+        """One past the first end-of-turn token the template wrote at or after ``start`` (one a
+        message's text holds is marked: never taken); the end of the text if none."""
+        eot = self.end_of_turn
+        if not eot:
+            return len(text)
+        at = start
+        while (found := text.find(eot, at)) >= 0:
+            if found == 0 or text[found - 1] != self._ctu._CONTROL_TOKEN_START:
+                return found + len(eot)
+            at = found + 1
+        return len(text)
+
+    def _encode_marked(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """``encode_marked_chat``'s ids, with each token's characters in ``text``: marked control
+        tokens as plain text, lone markers dropped (still breaking the text), the rest as usual.
+        A marked token's pieces all get its whole span (the mask never splits a message's text)."""
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        at, first = 0, True
+        for m in self._markers_re.finditer(text):
+            if m.start() > at:
+                self._piece(text[at:m.start()], at, as_text=False, first=first, ids=ids, offsets=offsets)
+            first = False
+            if m.group(1) is not None:
+                self._piece(m.group(1), m.start(1), as_text=True, first=False, ids=ids, offsets=offsets)
+            at = m.end()
+        if at < len(text) or first:
+            self._piece(text[at:], at, as_text=False, first=first, ids=ids, offsets=offsets)
+        return ids, offsets
+
+    def _piece(self, piece: str, base: int, *, as_text: bool, first: bool, ids: list, offsets: list) -> None:
+        """``_encode_chat_piece``: a piece after the first is encoded after a newline (so a
+        SentencePiece tokenizer adds no prefix space), the newline's ids then removed."""
+        if not piece:
+            return
+        tok = self.tokenizer
+        if as_text:
+            got = tok._encode_without_added_tokens("\n" + piece)
+            if got[:len(self._newline)] == self._newline:
+                got = got[len(self._newline):]
+            else:
+                got = tok._encode_without_added_tokens(piece)
+            ids += got
+            offsets += [(base, base + len(piece))] * len(got)
+            return
+        if first:
+            enc = tok(piece, add_special_tokens=False, return_offsets_mapping=True)
+            ids += enc["input_ids"]
+            offsets += [(base + a, base + b) for a, b in enc["offset_mapping"]]
+            return
+        enc = tok("\n" + piece, add_special_tokens=False, return_offsets_mapping=True)
+        got, where = enc["input_ids"], enc["offset_mapping"]
+        n = len(self._newline)
+        if got[:n] == self._newline:
+            ids += got[n:]
+            offsets += [(base + max(a - 1, 0), base + max(b - 1, 0)) for a, b in where[n:]]
+        else:
+            enc = tok(piece, add_special_tokens=False, return_offsets_mapping=True)
+            ids += enc["input_ids"]
+            offsets += [(base + a, base + b) for a, b in enc["offset_mapping"]]
+
+
+def _mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for every token overlapping a span: ``apply_chat_template``'s own pass (spans and
+    offsets both in order)."""
+    mask = np.zeros(len(offsets), dtype=np.uint8)
+    span = 0
+    spans = sorted(spans)
+    for i, (start, end) in enumerate(offsets):
+        while span < len(spans) and start >= spans[span][1]:
+            span += 1
+        if span == len(spans):
+            break
+        if end > spans[span][0]:
+            mask[i] = 1
+    return mask
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
+
+
+def build(payload: bytes, config: bytes, *, name: str) -> ChatTemplate:
+    """The ``ChatTemplate`` of a Hugging Face tokenizer from its files' bytes, loaded as users load
+    it (``AutoTokenizer.from_pretrained`` on a folder holding the two files)."""
+    from transformers import AutoTokenizer
+
+    template = template_of(json.loads(config) if config else {}, name=name)
+    with tempfile.TemporaryDirectory(prefix="tokenshards-chat-") as folder:
+        for file, data in (("tokenizer.json", payload), ("tokenizer_config.json", config)):
+            with open(os.path.join(folder, file), "wb") as f:
+                f.write(data)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    return ChatTemplate(tokenizer, template)
