@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from tokenizerfiles import npm_tokenizer
-
 from tokenshards.cli import main
 from tokenshards.encoding import chat
 from tokenshards.tokenize.chat import tokenize_chats

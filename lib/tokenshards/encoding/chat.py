@@ -26,6 +26,7 @@ import re
 import tempfile
 from dataclasses import dataclass
 
+import jinja2
 import numpy as np
 
 from ..errors import UserError
@@ -43,6 +44,8 @@ FIXES = {
     "unmaskable": "the template renders earlier turns differently once a later one follows; "
                   "use a template that marks {% generation %}",
 }
+TEMPLATE_ERRORS = (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError)
+"""What rendering one conversation may raise (``raise_exception`` raises ``TemplateError``)."""
 GENERATION_RE = re.compile(r"\{%-?\s*generation\s*-?%\}")
 """How transformers tells a template that marks generations (``render_jinja_template``)."""
 
@@ -140,7 +143,7 @@ class ChatTemplate:
                 spans = self._turn_spans(marked, text)
                 if isinstance(spans, BadRow):
                     return spans
-        except Exception as e:  # the template's raise_exception, or a Jinja error on this conversation
+        except TEMPLATE_ERRORS as e:  # the template's raise_exception, or a Jinja error on this conversation
             return BadRow("template_error", _one_line(e))
         ids, offsets = self._encode_marked(text)
         return ChatRow(ids=np.asarray(ids, dtype=np.int64), mask=_mask(offsets, spans))

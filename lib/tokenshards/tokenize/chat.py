@@ -2,8 +2,8 @@
 --chat-column``). Pure: the rendering is ``encoding.chat``'s; no files, no Dask."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
