@@ -62,8 +62,12 @@ download: $(STAMP)
 	@test -n "$(SIZE)" || { echo "make download needs SIZE=10B|100B|350B"; exit 2; }
 	$(BIN)/tokenshards download $(HUB_FLAGS) $(if $(DOWNLOAD_DIR),--to $(DOWNLOAD_DIR))
 
+# The suite in TEST_PROCESSES processes (whole modules each, so a module's fixtures are made once);
+# the tests marked serial (they measure wall time) then run alone.
+TEST_PROCESSES ?= 3
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile -m "not serial" tests
+	$(BIN)/python -m pytest -q -m serial tests
 
 # A cluster by hand, the documented way (`dask scheduler` / `dask worker`; the old
 # `dask-scheduler` command was removed from distributed in 2026.6):

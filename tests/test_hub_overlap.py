@@ -19,6 +19,8 @@ from hubserver import HubServer
 from tokenshards.storage import hub
 from tokenshards.storage.hub import HubDataset
 
+pytestmark = pytest.mark.serial  # it measures wall time: run alone (make test)
+
 REPO = "HuggingFaceFW/fineweb"
 FILES = 16
 PARTITION = 1_600_000
