@@ -49,6 +49,20 @@ def train_tokenizers(texts: list[str], *, vocab_size: int):
     return tok
 
 
+SEPARATOR = b"\x1e"
+"""Between documents for gigatoken's trainer (ASCII record separator; no held-back text uses it)."""
+
+
+def train_gigatoken(texts: list[str], *, vocab_size: int) -> dict[bytes, int]:
+    """gigatoken's own ``train_bpe`` (Rust, its own pretokenizer and counting, all cores): its
+    mergeable ranks (special tokens left out), for tiktoken to measure compression with."""
+    import gigatoken
+
+    vocab, _merges = gigatoken.train_bpe(SEPARATOR.join(t.encode() for t in texts), vocab_size, ["<|endoftext|>"],
+                                         separator=SEPARATOR)
+    return {token: rank for rank, token in vocab.items() if token != b"<|endoftext|>"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--input", help="parquet glob (default: the demo corpus, built in a temporary folder)")
@@ -103,6 +117,18 @@ def main() -> None:
         hf_tokens = sum(len(tok.encode(t).ids) for t in heldout)
         assert all(tok.decode(tok.encode(t).ids) == t for t in heldout[:20])
 
+        try:
+            cpu, wall = time.process_time(), time.perf_counter()
+            giga_ranks = train_gigatoken(train, vocab_size=args.vocab_size)
+            giga_wall, giga_cpu = time.perf_counter() - wall, time.process_time() - cpu
+            import tiktoken
+
+            giga = tiktoken.Encoding("gigatoken-trained", pat_str=PATTERNS["gpt2"], mergeable_ranks=giga_ranks,
+                                     special_tokens={})
+            giga_tokens = sum(len(giga.encode_ordinary(t)) for t in heldout)
+        except ImportError:
+            giga_wall = None
+
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'':24}{'wall s':>8}{'cpu s':>8}{'n_vocab':>9}{'bytes/token':>13}")
     print(f"{'tokenshards train-bpe':24}{ours_wall:8.2f}{ours_cpu:8.2f}{enc.n_vocab:9d}{heldout_bytes / ours_tokens:13.4f}"
@@ -112,6 +138,10 @@ def main() -> None:
     print(f"{'  same, in one process':24}{'':8}{inproc_cpu:8.2f}   (counting {count_cpu:.2f} s + merging "
           f"{inproc_cpu - count_cpu:.2f} s of CPU, one core)")
     print(f"{'tokenizers BpeTrainer':24}{hf_wall:8.2f}{hf_cpu:8.2f}{tok.get_vocab_size():9d}{heldout_bytes / hf_tokens:13.4f}")
+    if giga_wall is not None:
+        print(f"{'gigatoken train_bpe':24}{giga_wall:8.2f}{giga_cpu:8.2f}{len(giga_ranks) + 1:9d}"
+              f"{heldout_bytes / giga_tokens:13.4f}   (its own pretokenizer and counting; compression measured "
+              "through tiktoken with GPT-2's split)")
     print(f"ratio (ours / tokenizers): wall time {ours_wall / hf_wall:.2f}x, CPU in one process vs tokenizers' CPU "
           f"{inproc_cpu / hf_cpu:.2f}x, compression "
           f"{(heldout_bytes / ours_tokens) / (heldout_bytes / hf_tokens):.4f}")
