@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from azurite import AzureServer  # its `azure` fixture comes through conftest.pytest_plugins
+import storeexport
 from conftest import download
 from readback import expected_tokens, read_documents
 from s3server import free_port
@@ -304,3 +305,40 @@ def test_worker_killed_mid_upload_leaves_nothing_committed_and_a_rerun_completes
         text = big[row] if path.endswith("z_big.parquet") else small[row]
         assert tokens == (expected_big[text] if path.endswith("z_big.parquet") else expected_tokens(cl100k, text))
     assert len(docs) == len(big) + len(small)
+
+
+# -- export and train-bpe on Azure -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def run(cluster, tmp_path_factory):
+    return storeexport.local_run(cluster, tmp_path_factory.mktemp("azure-export"))
+
+
+def test_exports_to_azure_equal_local_ones(azure, cluster, run, tmp_path):
+    seen = len(azure.proxy.log)
+    storeexport.exports_equal_local(azure, "az", azure.make_container(), cluster, run, tmp_path)
+    assert sum(is_put_block(r) for r in azure.proxy.log[seen:]) > 32  # chunks staged as blocks, then one list each
+
+
+def test_a_killed_export_leaves_nothing_committed_and_a_rerun_completes(azure, run, tmp_path):
+    storeexport.killed_export_leaves_nothing_committed(
+        azure, "az", azure.make_container(), run, tmp_path,
+        commit_request=lambda r: r.method == "PUT" and r.query.get("comp") == ["blocklist"])
+
+
+def test_train_bpe_from_and_to_azure(azure, cluster, tmp_path):
+    storeexport.train_bpe_equals_local(azure, "az", azure.make_container(), cluster, tmp_path)
+
+
+def test_export_and_train_bpe_to_a_missing_container_are_one_line(azure, run, corpus, capsys, monkeypatch):
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure.connection_string())
+    for argv, line in (
+            (["export", str(run), "--format", "llmc", "--to", "az://no-such-container-x/d"],
+             "export destination az://no-such-container-x/d: container 'no-such-container-x' does not exist"),
+            (["train-bpe", "--input", str(corpus["local"] / "*.parquet"), "--out", "abfs://no-such-container-y/v.tiktoken"],
+             "--out abfs://no-such-container-y/v.tiktoken: container 'no-such-container-y' does not exist")):
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"tokenshards: error: {line}"), err
+        assert azure.key not in err

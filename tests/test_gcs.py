@@ -13,8 +13,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
+import storeexport
 from conftest import download
 from gcsserver import GCSServer  # its `gcs` fixture comes through conftest.pytest_plugins
 from readback import expected_tokens, read_documents
@@ -299,3 +301,38 @@ def test_worker_killed_mid_upload_leaves_nothing_committed_and_a_rerun_completes
         text = big[row] if path.endswith("z_big.parquet") else small[row]
         assert tokens == (expected_big[text] if path.endswith("z_big.parquet") else expected_tokens(cl100k, text))
     assert len(docs) == len(big) + len(small)
+
+
+# -- export and train-bpe on GCS -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def run(cluster, tmp_path_factory):
+    return storeexport.local_run(cluster, tmp_path_factory.mktemp("gcs-export"))
+
+
+def test_exports_to_gcs_equal_local_ones(gcs, cluster, run, tmp_path):
+    storeexport.exports_equal_local(gcs, "gs", gcs.make_bucket(), cluster, run, tmp_path)
+    composes = [r for r in gcs.proxy.log if r.path.endswith("/compose")]
+    assert any("/.tokenshards-parts/" in unquote(r.path) for r in composes)  # more parts than one request takes
+
+
+def test_a_killed_export_leaves_nothing_committed_and_a_rerun_completes(gcs, run, tmp_path):
+    storeexport.killed_export_leaves_nothing_committed(gcs, "gs", gcs.make_bucket(), run, tmp_path,
+                                                       commit_request=lambda r: r.path.endswith("/compose"))
+
+
+def test_train_bpe_from_and_to_gcs(gcs, cluster, tmp_path):
+    storeexport.train_bpe_equals_local(gcs, "gs", gcs.make_bucket(), cluster, tmp_path)
+
+
+def test_export_and_train_bpe_to_a_missing_bucket_are_one_line(gcs, run, corpus, capsys, monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs.endpoint_url)
+    for argv, line in (
+            (["export", str(run), "--format", "llmc", "--to", "gs://no-such-bucket-x/d"],
+             "export destination gs://no-such-bucket-x/d: bucket 'no-such-bucket-x' does not exist"),
+            (["train-bpe", "--input", str(corpus["local"] / "*.parquet"), "--out", "gs://no-such-bucket-y/v.tiktoken"],
+             "--out gs://no-such-bucket-y/v.tiktoken: bucket 'no-such-bucket-y' does not exist")):
+        code = main(argv)
+        err = capsys.readouterr().err
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"tokenshards: error: {line}"), err

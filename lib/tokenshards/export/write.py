@@ -4,8 +4,9 @@ A file is written by many tasks at once, each owning a byte range, and appears o
 client commits it after every range is in:
 - locally: ranges are ``pwrite``-n into ``NAME.<uuid>.tmp`` (created at full size by the client),
   then fsync and ``os.replace``;
-- on S3: one multipart upload per file, one part per chunk (S3 puts parts together in part
-  order), completed by the client, aborted on failure: no partial object is ever visible.
+- on an object store (S3, GCS, Azure): one parted upload per file (``store.begin_parts``), one
+  part per chunk, completed by the client, dropped on failure: no partial object is ever visible
+  (S3's multipart upload, GCS part objects composed at the end, Azure blocks committed as a list).
 """
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ import numpy as np
 from ..errors import UserError
 from ..format.reader import PartitionFiles
 from ..format.v1 import PartitionEntry
-from ..storage.store import filesystem, is_local, temporary_beside
+from ..storage.store import (PARTED_MIN_PART, PartedUpload, abort_parts, begin_parts, commit_parts, filesystem, is_local,
+                             parted_part_size, parted_store, put_part, temporary_beside)
 from .layout import Chunk
 from .valsplit import Threshold, candidates, id_hashes, is_val
 from .view import DocView
 
-S3_MIN_PART = 5 * 2**20
-S3_MAX_PARTS = 10_000
+S3_MIN_PART = PARTED_MIN_PART["s3"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,11 +51,11 @@ class PartInfo:
 class Target:
     """One output file being written: where the bytes go until it is committed."""
 
-    kind: str  # "local" or "s3"
+    kind: str  # "local", or the object store's kind ("s3", "gcs", "azure")
     path: str
     nbytes: int
     tmp: str = ""
-    upload_id: str = ""
+    upload: PartedUpload | None = None
 
 
 def _files(source: Source, parts: dict[int, PartInfo]) -> PartitionFiles:
@@ -150,46 +151,46 @@ def render(chunk: Chunk, view) -> bytes:
 def target_kind(fs) -> str:
     if is_local(fs):
         return "local"
-    if "s3" in (fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)):
-        return "s3"
-    raise UserError(f"export writes to a local folder or s3:// (got a {type(fs).__name__}); export locally and copy")
+    kind = parted_store(fs)
+    if kind is None:
+        raise UserError(f"export writes to a local folder, s3://, gs:// or az:// (got a {type(fs).__name__}); "
+                        "export locally and copy")
+    return kind
 
 
 def part_size(kind: str, nbytes: int, chunk_bytes: int) -> int:
-    """Chunk size for one file: S3 needs parts of at least 5 MiB and at most 10,000 of them."""
-    if kind != "s3":
-        return chunk_bytes
-    return max(chunk_bytes, S3_MIN_PART, -(-nbytes // S3_MAX_PARTS))
+    """Chunk size for one file: an object store's parts obey its rules (S3: at least 5 MiB, at most
+    10,000 of them)."""
+    return chunk_bytes if kind == "local" else parted_part_size(kind, nbytes, chunk_bytes)
 
 
 def open_target(fs, path: str, nbytes: int) -> Target:
-    """Client side: a full-size temporary file, or a new multipart upload."""
+    """Client side: a full-size temporary file, or a new parted upload."""
     kind = target_kind(fs)
     if kind == "local":
         tmp = temporary_beside(path)
         with open(tmp, "wb") as f:
             f.truncate(nbytes)
         return Target(kind=kind, path=path, nbytes=nbytes, tmp=tmp)
-    bucket, key, _ = fs.split_path(path)
-    upload = fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)
-    return Target(kind=kind, path=path, nbytes=nbytes, upload_id=upload["UploadId"])
+    return Target(kind=kind, path=path, nbytes=nbytes, upload=begin_parts(fs, path))
 
 
 def write_chunk(chunk: Chunk, target: Target, parts: dict[int, PartInfo], *, source: Source,
                 threshold: Threshold | None, dest_storage_options: dict) -> tuple[str, int, str]:
-    """Worker task: render one chunk and put it in place; returns (file, part number, ETag)."""
+    """Worker task: render one chunk and put it in place; returns (file, part number, tag)."""
     return put_chunk(render_chunk(chunk, source=source, parts=parts, threshold=threshold), chunk, target,
                      dest_storage_options=dest_storage_options)
 
 
 def put_chunk(data: bytes, chunk: Chunk, target: Target, *, dest_storage_options: dict) -> tuple[str, int, str]:
-    """Put a rendered chunk in its place in ``target``; returns (file, part number, ETag)."""
+    """Put a rendered chunk in its place in ``target``; returns (file, part number, what the
+    commit needs of the part: S3's ETag, Azure's block id, ...)."""
     if target.kind == "local":
         try:
             fd = os.open(target.tmp, os.O_WRONLY)
         except FileNotFoundError as e:
             raise UserError(f"{target.tmp}: not found on worker host {socket.gethostname()}; with workers on other "
-                            "machines, --to must be a folder they all share, or s3://") from e
+                            "machines, --to must be a folder they all share, or an object store (s3://, gs://, az://)") from e
         try:
             view = memoryview(data)
             written = 0
@@ -198,10 +199,7 @@ def put_chunk(data: bytes, chunk: Chunk, target: Target, *, dest_storage_options
         finally:
             os.close(fd)
         return chunk.file, chunk.number, ""
-    fs, _ = filesystem(f"s3://{target.path}", dest_storage_options)
-    bucket, key, _ = fs.split_path(target.path)
-    reply = fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=target.upload_id, PartNumber=chunk.number, Body=data)
-    return chunk.file, chunk.number, reply["ETag"]
+    return chunk.file, chunk.number, put_part(target.upload, chunk.number, data, dest_storage_options)
 
 
 def commit_target(fs, target: Target, etags: dict[int, str]) -> None:
@@ -214,10 +212,7 @@ def commit_target(fs, target: Target, etags: dict[int, str]) -> None:
             os.close(fd)
         os.replace(target.tmp, target.path)
         return
-    bucket, key, _ = fs.split_path(target.path)
-    fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=target.upload_id,
-               MultipartUpload={"Parts": [{"PartNumber": n, "ETag": etags[n]} for n in sorted(etags)]})
-    fs.invalidate_cache(target.path)
+    commit_parts(fs, target.upload, etags)
 
 
 def abort_target(fs, target: Target) -> None:
@@ -227,7 +222,6 @@ def abort_target(fs, target: Target) -> None:
             if os.path.exists(target.tmp):
                 os.remove(target.tmp)
         else:
-            bucket, key, _ = fs.split_path(target.path)
-            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=target.upload_id)
+            abort_parts(fs, target.upload)
     except Exception:  # noqa: BLE001 - cleanup must not hide the error that caused it
         pass

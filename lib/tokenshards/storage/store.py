@@ -18,6 +18,11 @@ Writes are atomic: a reader sees a whole object or none.
   sees and Azure discards after a week (or when the name is written again).
 - Elsewhere: the same ``autocommit=False`` file, committed only on success.
 
+An export writes each file as numbered parts from many tasks at once (``begin_parts``, ``put_part``,
+``commit_parts``): S3's multipart upload; on GCS, part objects in a hidden folder beside the file,
+composed into it by the last request; on Azure, blocks staged by the tasks and committed as one
+block list. In every case the file appears whole, in one request, or not at all.
+
 Storage options are one mapping for every URL of a run: s3fs's keys go to S3, and the sections
 ``gcs`` and ``azure`` (JSON objects) go to gcsfs and adlfs only, over the plain keys that are not
 s3fs's own (so an S3 input and a GCS output can be given in one command).
@@ -38,6 +43,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -701,6 +707,154 @@ def abort_stale_uploads(fs: fsspec.AbstractFileSystem, prefix: str) -> int:
         if not page.get("IsTruncated"):
             return aborted
         markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+
+# -- one object from parts that many processes write at once (export) ------------------------------
+
+PARTS_FOLDER = ".tokenshards-parts"
+"""GCS: where an object's parts wait, beside it (``DIR/.tokenshards-parts/NAME/00001``) until
+composed into it: a hidden folder that no export's or trainer's glob matches."""
+
+GCS_COMPOSE_MAX = 32
+"""Source objects per GCS compose request (the API's limit); more are composed in a tree."""
+
+AZURE_MAX_BLOCKS = 50_000
+"""Azure's limit on committed blocks per block blob."""
+
+PARTED_MIN_PART = {"s3": 5 * MIB, "gcs": 1, "azure": 1}
+PARTED_MAX_PARTS = {"s3": MAX_PARTS, "gcs": MAX_PARTS, "azure": AZURE_MAX_BLOCKS}
+"""Each store's rules for a parted object: S3's 5 MiB floor (but the last part) and 10,000 parts;
+GCS has no floor (our own cap keeps the compose tree shallow), Azure 50,000 blocks."""
+
+
+@dataclass(frozen=True)
+class PartedUpload:
+    """One object being written as numbered parts by many tasks at once, invisible until
+    ``commit_parts``: an S3 multipart upload, GCS objects composed at the end, or Azure blocks
+    staged then committed as one block list. Small and picklable: it travels with every task."""
+
+    store: str
+    """"s3", "gcs" or "azure"."""
+    url: str
+    """The object's URL, from which each process builds its own filesystem."""
+    path: str
+    upload_id: str = ""
+
+
+def parted_store(fs: fsspec.AbstractFileSystem) -> str | None:
+    """The store kind ``begin_parts`` takes for ``fs``, or None (local or another fsspec store)."""
+    return "s3" if is_s3(fs) else "gcs" if is_gcs(fs) else "azure" if is_azure(fs) else None
+
+
+def parted_part_size(store: str, nbytes: int, wanted: int) -> int:
+    """The part size for an object of ``nbytes`` on ``store``: ``wanted``, or more when the store's
+    floor or its part count demands it."""
+    return max(wanted, PARTED_MIN_PART[store], -(-nbytes // PARTED_MAX_PARTS[store]))
+
+
+def begin_parts(fs: fsspec.AbstractFileSystem, path: str) -> PartedUpload:
+    """Client side. GCS: parts an earlier (killed) writer of this name left are removed first;
+    the caller holds the folder's lease, so nobody else writes them."""
+    store = parted_store(fs)
+    url = fs.unstrip_protocol(path)
+    if store == "s3":
+        bucket, key, _ = fs.split_path(path)
+        return PartedUpload(store, url, path, fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)["UploadId"])
+    if store == "gcs":
+        _remove_parts(fs, _gcs_parts_folder(path))
+    elif store != "azure":
+        raise ValueError(f"no parted upload for {type(fs).__name__}")
+    return PartedUpload(store, url, path)
+
+
+def put_part(upload: PartedUpload, number: int, data: bytes, storage_options: dict | None) -> str:
+    """Worker side: part ``number`` (from 1) of ``upload``; returns what ``commit_parts`` needs of it."""
+    fs, _ = filesystem(upload.url, storage_options)
+    if upload.store == "s3":
+        bucket, key, _ = fs.split_path(upload.path)
+        return fs.call_s3("upload_part", Bucket=bucket, Key=key, UploadId=upload.upload_id, PartNumber=number,
+                          Body=data)["ETag"]
+    if upload.store == "gcs":  # one media upload: the part object is whole or absent
+        return str(gcs_upload(fs, _gcs_part(upload.path, number), bytes(data)).get("generation", ""))
+    container, blob, _ = fs.split_path(upload.path)
+
+    async def stage():
+        async with fs.service_client.get_blob_client(container, blob) as client:
+            await client.stage_block(_azure_block_id(number), bytes(data), length=len(data))
+
+    fsspec.asyn.sync(fs.loop, stage)
+    return _azure_block_id(number)
+
+
+def commit_parts(fs: fsspec.AbstractFileSystem, upload: PartedUpload, tags: dict[int, str]) -> None:
+    """Client side, once every part is in: the object appears, whole, in one request (S3's
+    CompleteMultipartUpload, GCS's last compose, Azure's Put Block List)."""
+    numbers = sorted(tags)
+    if upload.store == "s3":
+        bucket, key, _ = fs.split_path(upload.path)
+        fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload.upload_id,
+                   MultipartUpload={"Parts": [{"PartNumber": n, "ETag": tags[n]} for n in numbers]})
+    elif upload.store == "gcs":
+        if numbers:
+            _gcs_compose(fs, upload.path, [_gcs_part(upload.path, n) for n in numbers])
+        else:
+            gcs_upload(fs, upload.path, b"")
+        _remove_parts(fs, _gcs_parts_folder(upload.path))
+    else:
+        from azure.storage.blob import BlobBlock
+
+        container, blob, _ = fs.split_path(upload.path)
+
+        async def commit():
+            async with fs.service_client.get_blob_client(container, blob) as client:
+                await client.commit_block_list([BlobBlock(block_id=tags[n]) for n in numbers])
+
+        fsspec.asyn.sync(fs.loop, commit)
+    fs.invalidate_cache(upload.path)
+
+
+def abort_parts(fs: fsspec.AbstractFileSystem, upload: PartedUpload) -> None:
+    """Client side, on failure: drop the parts. Azure's uncommitted blocks cannot be deleted: no
+    listing or reader sees them, and Azure discards them after a week or at the name's next write."""
+    if upload.store == "s3":
+        bucket, key, _ = fs.split_path(upload.path)
+        fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload.upload_id)
+    elif upload.store == "gcs":
+        _remove_parts(fs, _gcs_parts_folder(upload.path))
+
+
+def _gcs_parts_folder(path: str) -> str:
+    folder, name = posixpath.split(path)
+    return join(folder, PARTS_FOLDER, name)
+
+
+def _gcs_part(path: str, number: int) -> str:
+    return join(_gcs_parts_folder(path), f"{number:05d}")
+
+
+def _gcs_compose(fs, path: str, sources: list[str]) -> None:
+    """Compose ``sources`` into ``path``, through intermediate objects beside the parts when there
+    are more than a request takes. Only the last request writes ``path``: it appears whole."""
+    level = 0
+    while len(sources) > GCS_COMPOSE_MAX:
+        groups = [sources[i:i + GCS_COMPOSE_MAX] for i in range(0, len(sources), GCS_COMPOSE_MAX)]
+        sources = [join(_gcs_parts_folder(path), f"c{level}-{i:05d}") for i in range(len(groups))]
+        for target, group in zip(sources, groups):
+            fs.merge(target, group)
+        level += 1
+    fs.merge(path, sources)
+
+
+def _remove_parts(fs, folder: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        found = fs.find(folder)
+        if found:
+            fs.rm(found)
+
+
+def _azure_block_id(number: int) -> str:
+    """Block ids of one blob must be of one length; the SDK base64-encodes them."""
+    return f"tokenshards-{number:06d}"
 
 
 def write_json(fs: fsspec.AbstractFileSystem, path: str, obj) -> None:
