@@ -276,7 +276,7 @@ def test_cli_rows_equal_transformers_row_by_row(chat_run, folders):
         want = ref.apply_chat_template(conversation, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         assert ids.tolist() == list(want["input_ids"]), (name, row)
         assert mask.tolist() == list(want["assistant_masks"]), (name, row)
-    assert main(["verify", str(chat_run["out"]), "--progress", "none"]) == 0
+    assert main(["verify", str(chat_run["out"]), "--deep", "20", "--progress", "none"]) == 0  # rows rendered again
 
 
 def test_exports_carry_the_mask(chat_run, cluster):
@@ -322,6 +322,22 @@ def test_bad_rows_and_tokenizers_without_a_template_are_one_line(chat_run, clust
     err = errors(capsys)
     assert len(err) == 1 and "needs a Hugging Face tokenizer with a chat template" in err[0]
     assert not (tmp_path / "gpt2" / "parts").exists()
+
+
+def test_a_partition_without_its_mask_is_redone(chat_run, cluster, folders, tmp_path, capsys):
+    """The mask is committed with the tokens: a rerun redoes a partition whose mask file is gone."""
+    copy = tmp_path / "copy"
+    shutil.copytree(chat_run["out"], copy)
+    (copy / "manifest.json").unlink()
+    [mask, *_] = sorted((copy / "parts").glob("*.mask.npy"))
+    want = mask.read_bytes()
+    mask.unlink()
+    assert main(["tokenize", "--input", str(chat_run["root"] / "in"), "--out", str(copy), "--encoding",
+                 str(folders["qwen3-generation"]), "--chat-column", "messages", "--on-bad-row", "skip",
+                 "--scheduler", cluster.scheduler_address, "--progress", "none"]) == 0
+    assert f"{mask.relative_to(copy)} is missing; redoing it" in capsys.readouterr().err
+    assert mask.read_bytes() == want
+    assert json.loads((copy / "manifest.json").read_text()) == json.loads((chat_run["out"] / "manifest.json").read_text())
 
 
 def test_verify_checks_the_mask_file(chat_run, tmp_path, capsys):

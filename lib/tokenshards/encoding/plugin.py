@@ -85,6 +85,17 @@ class WorkerEncoder:
         """The loaded tokenizer the plugin shipped (its files' bytes): what a chat run's template is built from."""
         return _worker_plugin(self.plugin).loaded
 
+    def chat_template(self):
+        """This worker's ``encoding.chat.ChatTemplate`` of the tokenizer, built on first use (loading
+        transformers' tokenizer takes a second or more) and kept for every later task."""
+        plugin = _worker_plugin(self.plugin)
+        if getattr(plugin, "chat", None) is None:
+            from . import chat
+
+            loaded = plugin.loaded
+            plugin.chat = chat.build(loaded.payload, loaded.extra, name=loaded.name)
+        return plugin.chat
+
 
 def plugin_name(loaded, *, backend: str = "tiktoken") -> str:
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in loaded.name)[-48:]

@@ -25,7 +25,6 @@ from ..corpus.plan import Piece, is_chat_type
 from ..corpus.read import (READ_AT, frame_of, keep_columns, kept_columns, piece_columns, read_piece,
                            unreadable_reason, utf8_or_null)
 from ..encoding.boundaries import Boundaries
-from ..encoding import chat as chat_encoding
 from ..encoding.plugin import WorkerEncoder
 from ..errors import InputError
 from ..format import v1
@@ -95,18 +94,6 @@ class TaskSettings:
 @dataclass(frozen=True, kw_only=True)
 class ChatSettings:
     on_bad_row: str = "fail"
-
-
-_TEMPLATES: dict[str, chat_encoding.ChatTemplate] = {}
-"""Each worker's chat templates by encoder plugin: built once (loading transformers' tokenizer
-takes a second or more), used by every task of the run."""
-
-
-def _template(encoder: WorkerEncoder) -> chat_encoding.ChatTemplate:
-    if encoder.plugin not in _TEMPLATES:
-        loaded = encoder.loaded()
-        _TEMPLATES[encoder.plugin] = chat_encoding.build(loaded.payload, loaded.extra, name=loaded.name)
-    return _TEMPLATES[encoder.plugin]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,7 +245,7 @@ def _check_column_kind(column, piece: Piece, settings: TaskSettings) -> None:
 def _chat_batch(column, rows: np.ndarray, piece: Piece, *, settings: TaskSettings) -> ChatBatch:
     """The piece's conversations tokenized; a malformed row stops the task in one line unless
     ``--on-bad-row skip``."""
-    chats = tokenize_chats(column.to_pylist(), _template(settings.encoder), dtype=settings.dtype)
+    chats = tokenize_chats(column.to_pylist(), settings.encoder.chat_template(), dtype=settings.dtype)
     if chats.bad_positions and settings.chat.on_bad_row != "skip":
         raise InputError(bad_row_line(input=piece.input, row=int(rows[chats.bad_positions[0]]),
                                       column=settings.text_column, bad=chats.first_bad,

@@ -47,6 +47,8 @@ class Expected:
     """Set when --deep compares documents: the encoding its worker's plugin holds."""
     input_identities: dict | None = None
     """--deep: {input path: its identity when tokenized} for the sampled partitions' inputs."""
+    chat: bool = False
+    """A chat run's (``tokenize --chat-column``): --deep renders the rows' conversations again."""
 
 
 @dataclass(frozen=True, kw_only=True)

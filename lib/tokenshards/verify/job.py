@@ -118,9 +118,11 @@ def _verify_partition(entry: PartitionEntry, sample: list[int], *, out: str, sto
         problems.append(f"{where}: {entry.tokens_file} unreadable ({type(e).__name__}: {e})")
     if tokens is not None:
         problems += check_tokens(entry, tokens, expected=expected)
+    mask = None
     if entry.mask_file:
         try:
-            problems += check_mask(entry, parse_tokens_file(fs.cat_file(join(root, entry.mask_file))))
+            mask = parse_tokens_file(fs.cat_file(join(root, entry.mask_file)))
+            problems += check_mask(entry, mask)
         except FileNotFoundError:
             problems.append(f"{where}: {entry.mask_file} is missing")
         except OSError as e:
@@ -153,12 +155,13 @@ def _verify_partition(entry: PartitionEntry, sample: list[int], *, out: str, sto
     if not sample or expected.encoder is None:
         return problems, 0
     deep_problems, compared = _compare_sample(entry, sorted(sample), docs, tokens.values, expected=expected,
-                                              storage_options=storage_options)
+                                              storage_options=storage_options,
+                                              mask=mask.values if mask is not None else None)
     return problems + deep_problems, compared
 
 
 def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, values: np.ndarray, *, expected: Expected,
-                    storage_options: dict) -> tuple[list[str], int]:
+                    storage_options: dict, mask: np.ndarray | None = None) -> tuple[list[str], int]:
     """Re-read the sampled documents' text from the input and re-tokenize it."""
     where = f"partition {entry.index}"
     rows = docs.column("row").to_pylist()
@@ -193,11 +196,33 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
             problems.append(f"{label}: the source text is {'null' if text is None else 'empty'}, "
                             "yet the partition holds tokens for it")
             continue
+        if expected.chat:
+            at = slice(starts[i], starts[i] + lengths[i])
+            problems += _compare_chat(label, text, values[at], mask[at] if mask is not None else None,
+                                      template=expected.encoder.chat_template())
+            continue
         want = expected_document(reference.encode_one(text).tolist(), prefix=expected.prefix, suffix=expected.suffix)
         diff = compare_document(values[starts[i]:starts[i] + lengths[i]].tolist(), want)
         if diff:
             problems.append(f"{label}: differs from {getattr(reference, 'judge', reference.name)}: {diff}")
     return problems, len(sample)
+
+
+def _compare_chat(label: str, value, ids: np.ndarray, mask: np.ndarray | None, *, template) -> list[str]:
+    """A chat row rendered and encoded again (``encoding.chat``), its ids and mask compared."""
+    from ..encoding.chat import BadRow, messages_of
+
+    messages = messages_of(value)
+    row = template.encode(messages) if isinstance(messages, list) else messages
+    if not isinstance(row, BadRow) and row is not None:
+        diff = compare_document(ids.tolist(), row.ids.tolist())
+        if diff:
+            return [f"{label}: differs from its conversation rendered by the chat template: {diff}"]
+        if mask is not None and not np.array_equal(mask, row.mask):
+            return [f"{label}: its assistant mask differs from the chat template's "
+                    f"({int((mask != row.mask).sum())} of {len(mask)} tokens)"]
+        return []
+    return [f"{label}: the row is now {'empty' if row is None else row.reason}, yet the partition holds tokens for it"]
 
 
 def _input_change(url: str, recorded: dict | None, *, storage_options: dict) -> str | None:
@@ -324,7 +349,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     prefix, suffix = enc.boundaries(manifest.eot_position)
     expected = Expected(dtype=enc.dtype, n_vocab=enc.n_vocab, eot=enc.eot, eot_position=manifest.eot_position,
                         prefix=prefix, suffix=suffix,
-                        job=manifest.done_job(), text_column=manifest.text_column)
+                        job=manifest.done_job(), text_column=manifest.text_column, chat=bool(manifest.extra.get("chat")))
     loaded = None
     if config.deep:
         loaded, encoding_problems = _deep_encoding(manifest, announce=announce, encoding=config.encoding)
