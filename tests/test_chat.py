@@ -294,6 +294,13 @@ def test_exports_carry_the_mask(chat_run, cluster):
     assert np.array_equal(np.load(shard), ids) and np.array_equal(np.load(root / "npy" / "mask" / shard.name), mask)
     assert np.array_equal(np.fromfile(root / "datatrove" / "train" / "fineweb.ds.loss", dtype=np.bool_), mask == 1)
     assert np.array_equal(np.fromfile(root / "datatrove" / "train" / "fineweb.ds", dtype="<u4"), ids)
+    # Shuffled, each document keeps its own mask.
+    assert main(["export", str(chat_run["out"]), "--format", "datatrove", "--to", str(root / "shuffled"), "--shuffle",
+                 "--seed", "3", "--val-tokens", "0", "--scheduler", cluster.scheduler_address, "--progress", "none"]) == 0
+    stem = root / "shuffled" / "train" / "fineweb.ds"
+    ends = np.fromfile(f"{stem}.index", dtype="<u8")[:-1].astype(np.int64)
+    got = zip(np.split(np.fromfile(stem, dtype="<u4"), ends), np.split(np.fromfile(f"{stem}.loss", dtype=np.bool_), ends))
+    assert sorted((i.tolist(), m.tolist()) for i, m in got) == sorted((d[2].tolist(), (d[3] == 1).tolist()) for d in docs)
     assert main(["export", str(chat_run["out"]), "--format", "hf", "--to", str(root / "packed"), "--val-tokens", "0",
                  "--seq-len", "256", "--pack", "best-fit", "--scheduler", cluster.scheduler_address,
                  "--progress", "none"]) == 0

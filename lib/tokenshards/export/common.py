@@ -27,7 +27,7 @@ from ..wording import counted, human
 from . import valsplit
 from .config import ExportConfig
 from .formats import Plan
-from .layout import Chunk, OutFile, Streams, chunk_file
+from .layout import Chunk, MaskRun, OutFile, Streams, chunk_file
 from .write import PartInfo, Source, Target, abort_target, commit_target, open_target, part_size, partition_candidates
 
 MERGE_FAN_IN = 8
@@ -220,6 +220,9 @@ def finish(config: ExportConfig, *, record: dict, files: list[OutFile], streams:
     lease.check()  # an export that stalled past its lease must not write its record over a successor's files
     write_json(dest_fs, join(dest_root, config.fmt.record_name(config.name_prefix)), record)
     notes = [*notes, *config.fmt.notes(files, plan)]
+    if plan.mask and not any(isinstance(r, MaskRun) for f in files for r in f.regions):
+        notes.append(f"this chat run's assistant mask has no place in {config.format}: its trainer takes the loss on "
+                     "every token; --format hf (labels), datatrove (.ds.loss) and npy (mask/) carry it (docs/chat.md)")
     return ExportSummary(to=config.to, files=[f.name for f in files], val_docs=streams.docs("val"),
                          val_tokens=streams.tokens("val"), train_docs=streams.docs("train"),
                          train_tokens=streams.tokens("train"), seconds=time.perf_counter() - t0, notes=tuple(notes))
