@@ -398,8 +398,9 @@ def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Call
     else:
         resume.claim_output(o.fs, o.root, o.identity, url=o.config.out,
                             identity_like=lambda path, recorded: _identity_like(path, recorded, config, files))
-    if o.chat is not None:  # what decides a chat run's bytes besides the encoding (whose files hold the template)
-        o.identity = {**o.identity, "chat": o.chat}
+    if o.chat is not None:  # what decides a chat run's bytes besides the encoding (whose files hold the template);
+        # not --on-bad-row: a partition committed under fail holds no bad row, and is the same under skip
+        o.identity = {**o.identity, "chat": {k: v for k, v in o.chat.items() if k != "on_bad_row"}}
     o.job = resume.identity_hash(o.identity)
     _clear_leftovers(o.fs, o.root)
     redo: list[str] = []
