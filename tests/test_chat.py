@@ -256,7 +256,7 @@ def run_documents(out: Path) -> list[tuple[str, int, np.ndarray, np.ndarray]]:
     return docs
 
 
-def test_cli_rows_equal_transformers_row_by_row(chat_run, folders):
+def test_cli_rows_equal_transformers_row_by_row(chat_run, cluster, folders):
     ref = template(folders, "qwen3-generation").tokenizer
     manifest = json.loads((chat_run["out"] / "manifest.json").read_text())
     assert manifest["chat"]["mask"] == "generation" and manifest["chat"]["column"] == "messages"
@@ -276,7 +276,8 @@ def test_cli_rows_equal_transformers_row_by_row(chat_run, folders):
         want = ref.apply_chat_template(conversation, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         assert ids.tolist() == list(want["input_ids"]), (name, row)
         assert mask.tolist() == list(want["assistant_masks"]), (name, row)
-    assert main(["verify", str(chat_run["out"]), "--deep", "20", "--progress", "none"]) == 0  # rows rendered again
+    assert main(["verify", str(chat_run["out"]), "--deep", "20", "--scheduler", cluster.scheduler_address,
+                 "--progress", "none"]) == 0  # the sampled rows rendered again
 
 
 def test_exports_carry_the_mask(chat_run, cluster):
@@ -325,6 +326,10 @@ def test_bad_rows_and_tokenizers_without_a_template_are_one_line(chat_run, clust
     err = errors(capsys)
     assert len(err) == 1 and "a.parquet: row 11 of column 'messages'" in err[0] and "unknown_role" in err[0]
     assert "--on-bad-row skip" in err[0]
+    # The same run resumes with --on-bad-row skip: what a run commits does not depend on it.
+    assert main(["tokenize", "--out", str(tmp_path / "fail"), "--encoding", str(folders["llama3_1"]),
+                 "--on-bad-row", "skip", *args]) == 0
+    assert json.loads((tmp_path / "fail" / "manifest.json").read_text())["totals"]["skipped_bad"] == len(MALFORMED)
     assert main(["tokenize", "--out", str(tmp_path / "gpt2"), "--encoding", "gpt2", *args]) == 2
     err = errors(capsys)
     assert len(err) == 1 and "needs a Hugging Face tokenizer with a chat template" in err[0]
@@ -347,12 +352,12 @@ def test_a_partition_without_its_mask_is_redone(chat_run, cluster, folders, tmp_
     assert json.loads((copy / "manifest.json").read_text()) == json.loads((chat_run["out"] / "manifest.json").read_text())
 
 
-def test_verify_checks_the_mask_file(chat_run, tmp_path, capsys):
+def test_verify_checks_the_mask_file(chat_run, cluster, tmp_path, capsys):
     copy = tmp_path / "copy"
     shutil.copytree(chat_run["out"], copy)
     [mask] = sorted((copy / "parts").glob("*.mask.npy"))[:1]
     raw = bytearray(mask.read_bytes())
     raw[-1] ^= 1
     mask.write_bytes(bytes(raw))
-    assert main(["verify", str(copy), "--progress", "none"]) != 0
+    assert main(["verify", str(copy), "--scheduler", cluster.scheduler_address, "--progress", "none"]) != 0
     assert f"{mask.relative_to(copy)}: sha256" in capsys.readouterr().out
