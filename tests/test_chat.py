@@ -305,6 +305,14 @@ def test_exports_carry_the_mask(chat_run, cluster):
     assert main(["export", str(chat_run["out"]), "--format", "hf", "--to", str(root / "packed"), "--val-tokens", "0",
                  "--seq-len", "256", "--pack", "best-fit", "--scheduler", cluster.scheduler_address,
                  "--progress", "none"]) == 0
+    # Packed npy (concat, no shuffle): the rows are the stream's windows, the mask file shaped as the ids.
+    assert main(["export", str(chat_run["out"]), "--format", "npy", "--to", str(root / "packed-npy"), "--val-tokens", "0",
+                 "--seq-len", "256", "--scheduler", cluster.scheduler_address, "--progress", "none"]) == 0
+    rows_ids = np.load(root / "packed-npy" / "fineweb_train_000000.npy")
+    rows_mask = np.load(root / "packed-npy" / "fineweb_train_000000.mask.npy")
+    n = rows_ids.size
+    assert rows_mask.shape == rows_ids.shape and np.array_equal(rows_ids.reshape(-1), ids[:n])
+    assert np.array_equal(rows_mask.reshape(-1), mask[:n])
     # Packed: the loss only on assistant tokens, all of them but a piece's first (no loss across documents).
     packed = pq.read_table(sorted((root / "packed" / "train").glob("*.parquet"))).to_pylist()
     taken = Counter(t for r in packed for t in r["labels"] if t != -100)

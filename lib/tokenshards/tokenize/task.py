@@ -87,7 +87,7 @@ class TaskSettings:
     backend: str = ""
     """The tokenizer that writes this run's partitions (``"splintr 0.22.0"``), recorded in each
     done record: a resumed run may have written its partitions with another."""
-    chat: "ChatSettings | None" = None
+    chat: ChatSettings | None = None
     """A chat run's (``--chat-column``): rows are conversations, written with an assistant mask."""
 
 

@@ -219,8 +219,8 @@ def _compare_chat(label: str, value, ids: np.ndarray, mask: np.ndarray | None, *
         if diff:
             return [f"{label}: differs from its conversation rendered by the chat template: {diff}"]
         if mask is not None and not np.array_equal(mask, row.mask):
-            return [f"{label}: its assistant mask differs from the chat template's "
-                    f"({int((mask != row.mask).sum())} of {len(mask)} tokens)"]
+            differ = int((mask != row.mask).sum())
+            return [f"{label}: its assistant mask differs from the chat template's ({differ} of {len(mask)} tokens)"]
         return []
     return [f"{label}: the row is now {'empty' if row is None else row.reason}, yet the partition holds tokens for it"]
 
