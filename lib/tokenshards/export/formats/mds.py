@@ -95,7 +95,7 @@ class MDS(Format):
                 if f.nbytes > MAX_SHARD:
                     raise UserError(f"--format mds: shard {split}/{name} would hold {f.nbytes:,} bytes, over the "
                                     f"{MAX_SHARD:,} its uint32 sample offsets reach (one piece of the stream is that "
-                                    "large); tokenize with a smaller --partition-bytes, or shuffle (smaller buckets)")
+                                    "large); tokenize with a smaller --partition-mb, or shuffle (smaller buckets)")
                 files.append(f)
                 entries.append({"raw_data": {"basename": name, "bytes": f.nbytes, "hashes": {}}, "samples": docs,
                                 "zip_data": None, **config})
