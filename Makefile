@@ -115,8 +115,12 @@ export: $(STAMP)
 		$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
 
 # make bench [MEGATRON_SRC=DIR]: DIR, a Megatron-LM git clone, adds its fast path as the peer (bench/peer_megatron.py).
+# Then the scale rehearsal (bench/scale.py: tokenize, shuffled export, verify --deep, inspect at sizes 10x
+# apart, on a `dask scheduler` + `dask worker` cluster): SCALE_TOKENS="1B 10B" where the disk allows, SCALE_TOKENS= skips it.
+SCALE_TOKENS ?= 100M 1B
 bench: $(STAMP)
 	$(BIN)/python bench/run.py $(if $(MEGATRON_SRC),--megatron-src $(MEGATRON_SRC))
+	$(if $(strip $(SCALE_TOKENS)),$(BIN)/python bench/scale.py $(foreach t,$(SCALE_TOKENS),--tokens $(t)))
 
 clean:
 	rm -rf out data/demo .pytest_cache
