@@ -21,7 +21,7 @@ from readback import read_documents
 from sshserver import start_ssh_server
 from tokenshards.cli import main
 from tokenshards.cluster.configfile import load_cluster_config
-from tokenshards.cluster.connect import kubernetes_spec, slurm_cluster
+from tokenshards.cluster.connect import connect, kubernetes_spec, slurm_cluster
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
 from tokenshards.tokenize.job import run_tokenize
@@ -496,3 +496,18 @@ def test_default_local_cluster_has_a_worker_per_core():
         workers = client.scheduler_info(n_workers=-1)["workers"]
     assert len(workers) == (os.cpu_count() or 1)
     assert said and said[0].startswith("dashboard: ") and "process worker" in said[0]
+
+
+def test_a_taken_dashboard_port_gives_another_without_a_leaked_socket():
+    """distributed, finding the dashboard's port taken, binds another but leaks the socket it tried
+    (a ResourceWarning: an error in this suite). ``connect`` asks for any free port instead, and the
+    link it announces is the dashboard's real one."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        said = []
+        with connect(workers=1, dashboard_address=f"127.0.0.1:{port}", announce=said.append) as client:
+            link = client.dashboard_link
+    assert f":{port}/" not in link and link.startswith("http://127.0.0.1:"), link
+    assert said[0].startswith(f"dashboard: {link}"), said

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from typing import Callable, Iterator
 
 import dask
@@ -103,6 +104,23 @@ def loopback_unless_named(address: str) -> str:
     return f"127.0.0.1{text}" if text.startswith(":") else text
 
 
+def free_or_any_port(address: str) -> str:
+    """``address``, or the same host with any free port (``:0``) when its port is taken. distributed,
+    finding the dashboard's port taken, binds another itself but leaks the socket it tried (a
+    ResourceWarning in every such run; common on a shared machine, or with several runs at once).
+    The link announced is the one the dashboard got either way."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return address
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tornado binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host or "0.0.0.0", int(port)))
+        except OSError:
+            return f"{host}:0"
+    return address
+
+
 @contextlib.contextmanager
 def connect(*, workers: int | None = None, scheduler: str | None = None, dashboard_address: str = "127.0.0.1:8787",
             announce: Callable[[str], None] = print, cluster_config: str | None = None) -> Iterator[Client]:
@@ -131,7 +149,7 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
             with interrupt.children_ignore_ctrl_c(), gc_paused():  # bokeh's dashboard, mostly: prestart.gc_paused
                 cluster = LocalCluster(n_workers=n, threads_per_worker=s.get("threads_per_worker", 1), processes=True,
                                        memory_limit=s.get("memory_limit", "auto"),
-                                       dashboard_address=loopback_unless_named(s.get("dashboard_address", dashboard_address)),
+                                       dashboard_address=free_or_any_port(loopback_unless_named(s.get("dashboard_address", dashboard_address))),
                                        silence_logs=logging.CRITICAL)
             # Its workers are on this machine: results come straight from them, not relayed by
             # the scheduler (which, in this process, would serialize each result once more).
