@@ -5,12 +5,20 @@ import contextlib
 import glob
 import logging
 import os
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from distributed import LocalCluster
+
+# litdata pulls PyPI's torchvision 0.28 (a CUDA build), whose operators fail to register against the
+# CPU torch 2.13 here ('operator torchvision::nms does not exist'); transformers imports it whenever
+# it finds it, so any model class fails to import. Nothing in this process needs it (the MDS reader
+# venv stubs it itself): hidden for every test process (find_spec gives None for a None entry),
+# before any test imports transformers, whose availability checks are cached per process.
+sys.modules.setdefault("torchvision", None)
 
 from s3server import s3  # noqa: F401  (the S3 fixture, for every test module)
 from tokenshards.tokenize.config import TokenizeConfig

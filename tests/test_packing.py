@@ -257,16 +257,11 @@ def test_packing_mistakes_are_one_line(options, message):
         ExportConfig(out="run", to="dest", **options)
 
 
-def test_tiny_llama_trains_on_packed_rows_through_the_padding_free_collator(cluster, run, monkeypatch, tmp_path):
+def test_tiny_llama_trains_on_packed_rows_through_the_padding_free_collator(cluster, run, tmp_path):
     """Rows of a packed hf export, split at their seq_lengths, go through transformers'
     DataCollatorWithFlattening: its position ids equal the export's, and a 2-layer Llama takes
     a few optimizer steps on them (CPU, random weights)."""
-    import sys
-
-    # litdata pulls torchvision 0.28, whose operators fail to register against torch 2.13 here
-    # ('operator torchvision::nms does not exist'); transformers imports it when it finds it, and a
-    # text model needs none of it: hidden (find_spec gives None for a None entry).
-    monkeypatch.setitem(sys.modules, "torchvision", None)
+    # (conftest hides the venv's broken torchvision from transformers.)
     torch = pytest.importorskip("torch")
     import datasets
     from transformers import DataCollatorWithFlattening, LlamaConfig, LlamaForCausalLM
