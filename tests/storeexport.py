@@ -49,10 +49,11 @@ def export(cluster, out: str, to: str, storage_options: dict | None = None, **op
                             storage_options=storage_options or {}, **options), announce=lambda m: None)
 
 
-def exports_equal_local(store, scheme: str, bucket: str, cluster, run: Path, tmp_path: Path) -> None:
+def exports_equal_local(store, scheme: str, bucket: str, cluster, run: Path, tmp_path: Path, *, throttle=None) -> None:
     """A shuffled llmc export from the run on the store to the store, and a megatron export from
     local disk to the store, each byte-equal to the same export done locally. Small chunks make
-    many parts per file (on GCS more than one compose request takes: a tree)."""
+    many parts per file (on GCS more than one compose request takes: a tree). ``throttle()``, called
+    before each export to the store, sets the proxy's 429/503s: they are retried, not failures."""
     fs, options = store.fs(), store.storage_options
     upload(store, scheme, run, f"{bucket}/run")
     cases = {"llmc": dict(format="llmc", val_tokens=VAL, shuffle=True, seed=3, chunk_bytes=512),
@@ -61,6 +62,8 @@ def exports_equal_local(store, scheme: str, bucket: str, cluster, run: Path, tmp
         local = tmp_path / f"local-{name}"
         export(cluster, str(run), str(local), **opts)
         source = f"{scheme}://{bucket}/run" if name == "llmc" else str(run)
+        if throttle:
+            throttle()
         export(cluster, source, f"{scheme}://{bucket}/{name}", options, **opts)
         keys = download(fs, f"{bucket}/{name}", tmp_path / f"store-{name}")
         names = sorted(p.name for p in local.iterdir())

@@ -315,9 +315,16 @@ def run(cluster, tmp_path_factory):
 
 
 def test_exports_to_azure_equal_local_ones(azure, cluster, run, tmp_path):
-    seen = len(azure.proxy.log)
-    storeexport.exports_equal_local(azure, "az", azure.make_container(), cluster, run, tmp_path)
+    """Throttled too: staged blocks (from the workers) get 503 ServerBusy first, a block list (the client's commit) 429."""
+    def throttle():
+        azure.proxy.fail(is_put_block, status=503, times=2, headers={"x-ms-error-code": "ServerBusy"})
+        azure.proxy.fail(lambda r: r.query.get("comp") == ["blocklist"], status=429, times=1, headers={"Retry-After": "1"})
+
+    seen, answered = len(azure.proxy.log), len(azure.proxy.answered)
+    storeexport.exports_equal_local(azure, "az", azure.make_container(), cluster, run, tmp_path, throttle=throttle)
     assert sum(is_put_block(r) for r in azure.proxy.log[seen:]) > 32  # chunks staged as blocks, then one list each
+    statuses = [status for _, status in azure.proxy.answered[answered:]]
+    assert statuses.count(503) == 4 and statuses.count(429) == 2  # two exports: each retried, none failed
 
 
 def test_a_killed_export_leaves_nothing_committed_and_a_rerun_completes(azure, run, tmp_path):

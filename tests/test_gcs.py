@@ -311,9 +311,19 @@ def run(cluster, tmp_path_factory):
 
 
 def test_exports_to_gcs_equal_local_ones(gcs, cluster, run, tmp_path):
-    storeexport.exports_equal_local(gcs, "gs", gcs.make_bucket(), cluster, run, tmp_path)
+    """Throttled too: parts' uploads (from the workers) and composes (the client's commit) get 429/503 first."""
+    def throttle():
+        gcs.proxy.fail(lambda r: r.method == "POST" and "/.tokenshards-parts/" in unquote(r.query.get("name", [""])[0]),
+                       status=429, times=2, body={"error": {"code": 429, "message": "rate of change requests too high"}})
+        gcs.proxy.fail(lambda r: r.path.endswith("/compose"), status=503, times=1,
+                       body={"error": {"code": 503, "message": "Backend Error"}})
+
+    seen = len(gcs.proxy.answered)
+    storeexport.exports_equal_local(gcs, "gs", gcs.make_bucket(), cluster, run, tmp_path, throttle=throttle)
     composes = [r for r in gcs.proxy.log if r.path.endswith("/compose")]
     assert any("/.tokenshards-parts/" in unquote(r.path) for r in composes)  # more parts than one request takes
+    statuses = [status for _, status in gcs.proxy.answered[seen:]]
+    assert statuses.count(429) == 4 and statuses.count(503) == 2  # two exports: each retried, none failed
 
 
 def test_a_killed_export_leaves_nothing_committed_and_a_rerun_completes(gcs, run, tmp_path):
