@@ -83,6 +83,21 @@ def test_manifest_is_version_checked_and_names_what_is_missing():
         v1.Manifest.from_dict([])
 
 
+def test_totals_read_by_name_and_written_back_in_order():
+    raw = _manifest_dict()
+    chat = {**raw["totals"], "skipped_invalid": 0, "skipped_bad": 2, "bad_rows": {"not_a_list": 2}, "later_key": 1}
+    totals = v1.Totals.from_dict(chat)
+    assert (totals.docs, totals.skipped_invalid, totals.bad_rows, totals.extra) == (6, 0, {"not_a_list": 2}, {"later_key": 1})
+    assert json.dumps(totals.to_dict()) == json.dumps(chat)
+    assert v1.Manifest.from_dict(raw).totals == v1.Totals(rows=10, docs=6, tokens=24, skipped_null=2, skipped_empty=2)
+    with pytest.raises(v1.ManifestError, match=r"^totals lacks docs, skipped_empty$"):
+        v1.Manifest.from_dict({**raw, "totals": {"rows": 10, "tokens": 24, "skipped_null": 2}})
+    with pytest.raises(v1.ManifestError, match=r"^totals.bad_rows is 'x', expected counts by reason$"):
+        v1.Manifest.from_dict({**raw, "totals": {**raw["totals"], "bad_rows": "x"}})
+    with pytest.raises(v1.ManifestError, match=r"^totals.skipped_bad is -1, expected a count"):
+        v1.Manifest.from_dict({**raw, "totals": {**raw["totals"], "skipped_bad": -1}})
+
+
 def test_entry_dict_has_todays_key_order():
     entry = v1.PartitionEntry(index=2, input="x.parquet", row_groups=(0, 1), rows=3, docs=2, skipped_null=1,
                               skipped_empty=0, tokens=9, tokens_file=v1.tokens_file(2), docs_file=v1.docs_file(2),

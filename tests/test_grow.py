@@ -23,7 +23,7 @@ from test_s3 import download, upload
 from tokenshards.errors import InputChanged, OutputConflict
 from tokenshards.export import ExportConfig, run_export
 from tokenshards.format.reader import TokenDataset
-from tokenshards.format.v1 import Encoding, Manifest
+from tokenshards.format.v1 import Encoding, Manifest, Totals
 from tokenshards.inspect.stats import inspect_output, report_lines
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.grow import inputs_to_add
@@ -307,7 +307,7 @@ def _run(paths_by_generation: dict[int, list[str]], *, finished: int) -> tuple[d
     inputs = [{"path": p, "generation": g} for g, paths in paths_by_generation.items() for p in paths]
     manifest = Manifest(encoding=Encoding(name="gpt2", n_vocab=50257, eot=50256, dtype="uint16"), eot_position="prefix",
                         text_column="text", inputs=tuple(i for i in inputs if i["generation"] <= finished),
-                        partitions=(), totals={})
+                        partitions=(), totals=Totals(rows=0, docs=0, tokens=0, skipped_null=0, skipped_empty=0))
     return {"inputs": inputs}, manifest
 
 

@@ -31,7 +31,7 @@ class PartDocs:
     lengths: np.ndarray
 
 
-def open_manifest(out: str, storage_options: dict | None = None) -> tuple[object, str, Manifest]:
+def open_manifest(out: str, storage_options: dict | None = None) -> v1.FinishedRun:
     """(fs, root, manifest) for OUT; a folder without a format v1 manifest is refused."""
     return v1.open_finished(out, storage_options)
 

@@ -251,12 +251,22 @@ def manifest_problems(d) -> list[str]:
         return problems + [f"partitions is {_show(partitions)}, expected a list"]
     for i, entry in enumerate(partitions):
         problems += entry_problems(entry, where=f"partitions[{i}]", sums=False)
-    totals = d["totals"]
+    problems += totals_problems(d["totals"])
+    return problems
+
+
+def totals_problems(totals) -> list[str]:
+    """The ``totals`` block's keys and types; whether they are the partitions' sums is bookkeeping."""
     if not isinstance(totals, dict):
-        problems.append(f"totals is {_show(totals)}, expected an object")
-    else:
-        problems += [f"totals.{k} is {_show(totals[k])}, expected a count (an int in 0..2**63-1)"
-                     for k in (*TOTAL_KEYS, "skipped_invalid") if k in totals and not _is_count(totals[k])]
+        return [f"totals is {_show(totals)}, expected an object"]
+    missing = [k for k in TOTAL_KEYS if k not in totals]
+    if missing:
+        return [f"totals lacks {', '.join(missing)}"]
+    problems = [f"totals.{k} is {_show(totals[k])}, expected a count (an int in 0..2**63-1)"
+                for k in (*TOTAL_KEYS, "skipped_invalid", "skipped_bad") if k in totals and not _is_count(totals[k])]
+    reasons = totals.get("bad_rows")
+    if reasons is not None and not (isinstance(reasons, dict) and all(_is_count(v) for v in reasons.values())):
+        problems.append(f"totals.bad_rows is {_show(reasons)}, expected counts by reason")
     return problems
 
 
@@ -299,14 +309,14 @@ def bookkeeping_problems(manifest: "Manifest") -> list[str]:
     problems += coverage_problems(manifest)
     totals = manifest.totals
     keys = list(TOTAL_KEYS)
-    if "skipped_invalid" in totals or any(e.skipped_invalid for e in entries):
+    if totals.skipped_invalid is not None or any(e.skipped_invalid for e in entries):
         keys.append("skipped_invalid")
-    if "skipped_bad" in totals or any(e.skipped_bad for e in entries):
+    if totals.skipped_bad is not None or any(e.skipped_bad for e in entries):
         keys.append("skipped_bad")
     for key in keys:
         total = sum(int(getattr(e, key)) for e in entries)
-        if totals.get(key) != total:
-            problems.append(f"totals.{key} is {_show(totals.get(key))}, the partitions sum to {total}")
+        if getattr(totals, key) != total:
+            problems.append(f"totals.{key} is {_show(getattr(totals, key))}, the partitions sum to {total}")
         elif total > MAX_TOKENS:
             problems.append(f"totals.{key} is {total}, more than an int64 holds")
     return problems
@@ -549,6 +559,41 @@ class Encoding:
         return cls(**{k: d[k] for k in ENCODING_KEYS}, extra={k: v for k, v in d.items() if k not in ENCODING_KEYS})
 
 
+@dataclass(frozen=True, kw_only=True)
+class Totals:
+    """The manifest's ``totals``: its partitions' sums (``bookkeeping_problems`` checks they are)."""
+
+    rows: int
+    docs: int
+    tokens: int
+    skipped_null: int
+    skipped_empty: int
+    skipped_invalid: int | None = None
+    """Written only by runs that skipped rows of invalid UTF-8."""
+    skipped_bad: int | None = None
+    bad_rows: dict | None = None
+    """Both written only by chat runs that skipped malformed rows (``bad_rows``: counts by reason)."""
+    extra: dict = field(default_factory=dict)
+    """Keys this version does not know, kept so that nothing read is lost."""
+
+    def to_dict(self) -> dict:
+        """``TOTAL_KEYS``, then the optional counts that are set, then unknown keys."""
+        out = {k: getattr(self, k) for k in TOTAL_KEYS}
+        for key in ("skipped_invalid", "skipped_bad", "bad_rows"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d) -> "Totals":
+        """Parse and check (``totals_problems``): ``ManifestError`` names the first problem."""
+        problems = totals_problems(d)
+        if problems:
+            raise ManifestError(_first(problems))
+        known = (*TOTAL_KEYS, "skipped_invalid", "skipped_bad", "bad_rows")
+        return cls(**{k: d[k] for k in known if d.get(k) is not None}, extra={k: v for k, v in d.items() if k not in known})
+
+
 _ABSENT_IF_NONE = ("job", "parts_job", "encoding_sha256", "partition_bytes", "planned_partitions")
 
 
@@ -567,7 +612,7 @@ class Manifest:
     """None: the source had no id column (ids are ``"<file>:<row>"``); always written."""
     inputs: tuple[dict, ...]
     partitions: tuple[PartitionEntry, ...]
-    totals: dict
+    totals: Totals
     job: str | None = None
     """The hash of the job identity (every input, and for a grown run each one's generation)."""
     parts_job: str | None = None
@@ -586,7 +631,7 @@ class Manifest:
     def to_dict(self) -> dict:
         out: dict = {"format": self.format, "encoding": self.encoding.to_dict(), "eot_position": self.eot_position,
                      "text_column": self.text_column, "id_column": self.id_column, "inputs": list(self.inputs),
-                     "partitions": [e.to_dict() for e in self.partitions], "totals": self.totals}
+                     "partitions": [e.to_dict() for e in self.partitions], "totals": self.totals.to_dict()}
         for key in ("job", "parts_job", "encoding_sha256", "partition_bytes"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -614,7 +659,7 @@ class Manifest:
         manifest = cls(
             format=d["format"], encoding=Encoding.from_dict(d["encoding"]), eot_position=d["eot_position"],
             text_column=d["text_column"], id_column=d.get("id_column"), inputs=tuple(d["inputs"]),
-            partitions=partitions, totals=d["totals"], skipped_inputs=tuple(d.get("skipped_inputs") or ()),
+            partitions=partitions, totals=Totals.from_dict(d["totals"]), skipped_inputs=tuple(d.get("skipped_inputs") or ()),
             backend=d.get("backend"), **{k: d.get(k) for k in _ABSENT_IF_NONE},
             extra={k: v for k, v in d.items() if k not in names},
         )
@@ -669,7 +714,7 @@ def build_manifest(*, identity: dict, job: str, files: Sequence[InputFile], skip
     )
 
 
-def _totals(entries: Sequence[PartitionEntry]) -> dict:
+def _totals(entries: Sequence[PartitionEntry]) -> Totals:
     totals = {k: sum(int(getattr(e, k)) for e in entries) for k in TOTAL_KEYS}
     if any(e.skipped_invalid for e in entries):  # only runs that skipped such rows carry the key
         totals["skipped_invalid"] = sum(e.skipped_invalid for e in entries)
@@ -680,7 +725,7 @@ def _totals(entries: Sequence[PartitionEntry]) -> dict:
             for reason, n in e.bad_rows.items():
                 reasons[reason] = reasons.get(reason, 0) + n
         totals["bad_rows"] = dict(sorted(reasons.items()))
-    return totals
+    return Totals(**totals)
 
 
 def grown_manifest(kept: Manifest, added: Manifest, *, generation: int, parts_job: str) -> Manifest:
@@ -806,8 +851,17 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def open_finished(out: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str, Manifest]:
-    """(fs, root, manifest) of a finished run; anything else is a one-line ``UserError``."""
+class FinishedRun(NamedTuple):
+    """A finished run, opened: where it is and its checked manifest."""
+
+    fs: fsspec.AbstractFileSystem
+    root: str
+    """The run's folder as ``fs`` names it (``store.filesystem``)."""
+    manifest: Manifest
+
+
+def open_finished(out: str, storage_options: dict | None = None) -> FinishedRun:
+    """A finished run; anything else is a one-line ``UserError``."""
     fs, root = filesystem(out, storage_options)
     path = join(root, MANIFEST)
     try:
@@ -824,7 +878,7 @@ def open_finished(out: str, storage_options: dict | None = None) -> tuple[fsspec
     problems = local_file_problems(fs, root, manifest)
     if problems:
         raise UserError(f"{path}: {_first(problems)}; run `tokenshards verify {out}`")
-    return fs, root, manifest
+    return FinishedRun(fs, root, manifest)
 
 
 # -- the bytes of a partition's files --------------------------------------------------------------

@@ -214,17 +214,17 @@ def report_lines(stats: RunStats) -> list[str]:
         f"run         {stats.out}  ({m.format}{', job ' + m.job[:12] if m.job else ''})",
         f"encoding    {enc.name}: n_vocab {enc.n_vocab:,}, eot {enc.eot}, stored as {enc.dtype}; "
         f"eot {m.eot_position}; text column {m.text_column!r}",
-        f"inputs      {counted(len(m.inputs), 'file')}, {totals['rows']:,} rows"
+        f"inputs      {counted(len(m.inputs), 'file')}, {totals.rows:,} rows"
         + (f"; {counted(len(m.skipped_inputs), 'unreadable input')} skipped" if m.skipped_inputs else "")
         + _generations(m),
         f"partitions  {len(m.partitions)}",
-        f"documents   {totals['docs']:,} (skipped {totals['skipped_null']:,} null and {totals['skipped_empty']:,} empty rows"
-        + (f", {totals['skipped_invalid']:,} not UTF-8" if totals.get("skipped_invalid") else "") + ")",
-        f"tokens      {totals['tokens']:,} ({human(totals['tokens'] * itemsize)}B of token files)",
+        f"documents   {totals.docs:,} (skipped {totals.skipped_null:,} null and {totals.skipped_empty:,} empty rows"
+        + (f", {totals.skipped_invalid:,} not UTF-8" if totals.skipped_invalid else "") + ")",
+        f"tokens      {totals.tokens:,} ({human(totals.tokens * itemsize)}B of token files)",
     ]
-    if (stats.docs, stats.tokens) != (totals["docs"], totals["tokens"]):
+    if (stats.docs, stats.tokens) != (totals.docs, totals.tokens):
         lines.append(f"WARNING     the docs files hold {stats.docs:,} documents and {stats.tokens:,} tokens, the manifest "
-                     f"says {totals['docs']:,} and {totals['tokens']:,}: run `tokenshards verify {stats.out}`")
+                     f"says {totals.docs:,} and {totals.tokens:,}: run `tokenshards verify {stats.out}`")
     if stats.docs:
         lines.append(f"tokens per document (percentiles from a log-spaced histogram: exact below {EXACT_BELOW} tokens, "
                      f"within {100 * BIN_WIDTH:.1f}% above)")

@@ -447,16 +447,16 @@ def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
     totals = result.totals
     kept = len(o.growth.kept.partitions) if o.growth is not None else 0  # a growth's summary counts the whole run
     return Summary(out=o.config.out, partitions=kept + len(corpus.pieces), skipped_partitions=kept + len(o.committed),
-                   docs=totals["docs"], tokens=totals["tokens"], skipped_null=totals["skipped_null"],
-                   skipped_empty=totals["skipped_empty"], seconds=time.perf_counter() - t0,
+                   docs=totals.docs, tokens=totals.tokens, skipped_null=totals.skipped_null,
+                   skipped_empty=totals.skipped_empty, seconds=time.perf_counter() - t0,
                    tokenize_seconds=max(o.last - o.first, 0.0), encoding=o.config.encoding)
 
 
 def _unchanged_summary(config: TokenizeConfig, kept: manifest.Manifest, *, t0: float) -> Summary:
     """The summary of a command that found nothing to do in OUT's finished run."""
     totals, n = kept.totals, len(kept.partitions)
-    return Summary(out=config.out, partitions=n, skipped_partitions=n, docs=totals["docs"], tokens=totals["tokens"],
-                   skipped_null=totals["skipped_null"], skipped_empty=totals["skipped_empty"],
+    return Summary(out=config.out, partitions=n, skipped_partitions=n, docs=totals.docs, tokens=totals.tokens,
+                   skipped_null=totals.skipped_null, skipped_empty=totals.skipped_empty,
                    seconds=time.perf_counter() - t0, tokenize_seconds=0.0, encoding=config.encoding)
 
 

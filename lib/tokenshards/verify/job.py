@@ -435,7 +435,7 @@ def _list_parts(fs, root: str) -> list[str]:
 
 def _report(config: VerifyConfig, *, manifest: Manifest | None, problems: list[str], warnings: list[str] = (),
             compared: int = 0) -> VerifyReport:
-    totals = manifest.totals if manifest else {}
     return VerifyReport(out=config.out, problems=list(problems), warnings=list(warnings),
-                        partitions=len(manifest.partitions) if manifest else None, docs=int(totals.get("docs", 0)),
-                        tokens=int(totals.get("tokens", 0)), compared=compared)
+                        partitions=len(manifest.partitions) if manifest else None,
+                        docs=manifest.totals.docs if manifest else 0, tokens=manifest.totals.tokens if manifest else 0,
+                        compared=compared)
