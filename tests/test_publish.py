@@ -306,8 +306,9 @@ def test_cli_honours_hf_endpoint_hf_token_and_hf_home(run, cluster, tmp_path):
 
 def test_the_card_of_a_shuffled_mixture_names_runs_weights_and_seed():
     from tokenshards.export.card import dataset_card
+    from tokenshards.format.export_record import RECORD_FORMAT, ExportRecord
 
-    record = {"export_format": "npy", "source": None, "encoding": {"name": "cl100k_base", "n_vocab": 100277, "eot": 100257,
+    record = ExportRecord.from_dict({"format": RECORD_FORMAT, "export_format": "npy", "source": None, "encoding": {"name": "cl100k_base", "n_vocab": 100277, "eot": 100257,
               "dtype": "uint32"}, "eot_position": "suffix", "dtype": "<u4", "shard_tokens": 1000, "min_shard_tokens": 10,
               "val_tokens_requested": 100, "val_selection": "per run, ...",
               "order": {"shuffle": True, "seed": 7, "key": "murmur3 ..."}, "tokens_requested": 5000,
@@ -315,7 +316,7 @@ def test_the_card_of_a_shuffled_mixture_names_runs_weights_and_seed():
                           {"path": "out/b", "source_job": "bbb", "weight": 0.25, "tokens": 1250, "epochs": 0.5}],
               "splits": {"val": {"docs": 3, "tokens": 120}, "train": {"docs": 40, "tokens": 5010}},
               "files": [{"name": "mix_val_000000.npy", "split": "val", "tokens": 120, "bytes": 608},
-                        {"name": "mix_train_000001.npy", "split": "train", "tokens": 5010, "bytes": 20168}]}
+                        {"name": "mix_train_000001.npy", "split": "train", "tokens": 5010, "bytes": 20168}]})
     card = dataset_card(record, repo="me/mix", folder="", record_name="mix_export.json")
     assert card == dataset_card(record, repo="me/mix", folder="", record_name="mix_export.json")  # same bytes every time
     assert "`out/a` (job `aaa`); `out/b` (job `bbb`)" in card
@@ -324,6 +325,30 @@ def test_the_card_of_a_shuffled_mixture_names_runs_weights_and_seed():
     assert "`cl100k_base`, n_vocab 100,277, eot id 100257, stored as uint32 (little-endian)" in card
     assert "after each document" in card and "build-nanogpt `.npy` shards" in card
     assert "filename='' + fname" not in card and "hf_hub_download(repo_id='me/mix', filename=fname" in card
+
+
+def test_the_card_of_a_packed_mixture_names_each_runs_sequences():
+    """A rows export's sources carry sequences, not weights (the card once failed on them)."""
+    from tokenshards.export.card import dataset_card
+    from tokenshards.format.export_record import RECORD_FORMAT, ROWS, ExportRecord
+
+    record = ExportRecord.from_dict({
+        "format": RECORD_FORMAT, "export_format": "hf", "source": None, "source_job": "aaa",
+        "encoding": {"name": "gpt2", "n_vocab": 50257, "eot": 50256, "dtype": "uint16"}, "eot_position": "prefix",
+        "dtype": "<u2", "shard_tokens": None, "min_shard_tokens": None, "val_tokens_requested": 100,
+        "val_selection": "per run, ...",
+        "packing": {"seq_len": 256, "mode": "concat", "bos_align": False, "window_docs": None, "unit": "each ..."},
+        "columns": ["input_ids", "seq_lengths"], "order": None,
+        "sources": [{"path": "out/a", "source_job": "aaa", "sequences": 2473, "epochs": 0, "extra": 424},
+                    {"path": "out/b", "source_job": "bbb", "sequences": 1272, "epochs": 1, "extra": 0}],
+        "splits": {s: {"docs": 3, "tokens": 768, "rows": 3, "source_tokens": 770, "padding": 0, "dropped": 2}
+                   for s in ("val", "train")},
+        "files": [{"name": "train/fineweb-00000.parquet", "split": "train", "tokens": 768, "bytes": 4000}]})
+    assert record.kind == ROWS
+    card = dataset_card(record, repo="me/mix", folder="", record_name="fineweb_export.json")
+    assert ("| Mixture | `out/a`: 424 train sequences (0 x its 2,473 + 424); `out/b`: 1,272 train sequences "
+            "(1 x its 1,272 + 0) |") in card
+    assert "`out/a` (job `aaa`); `out/b` (job `bbb`)" in card and "source order" in card
 
 
 def test_progress_none_keeps_huggingface_hubs_bars_quiet(run, cluster, tmp_path):

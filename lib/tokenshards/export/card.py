@@ -1,10 +1,10 @@
 """The dataset card (``README.md``) of a published export, made from its export record alone.
 
-Pure: record in, Markdown out, the same bytes for the same record (a resumed publish rewrites
-nothing). The YAML header is the minimal metadata the Hub reads: a pretty name, tags, and
-``viewer: false`` (the dataset viewer reads parquet, CSV or JSON; pointed at token shards through a
-``configs:`` entry it would only show an error). No ``license``: it is the source text's
-(FineWeb's is ODC-By) and only the publisher can state it.
+Pure: record in (``format.export_record.ExportRecord``), Markdown out, the same bytes for the same
+record (a resumed publish rewrites nothing). The YAML header is the minimal metadata the Hub reads:
+a pretty name, tags, and ``viewer: false`` (the dataset viewer reads parquet, CSV or JSON; pointed
+at token shards through a ``configs:`` entry it would only show an error). No ``license``: it is
+the source text's (FineWeb's is ODC-By) and only the publisher can state it.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 
+from ..format.export_record import ExportFile, ExportRecord, ExportSource
 from .formats import REGISTRY, hf
 
 MARKER = "<!-- written by tokenshards export; rewritten by the next publish into this folder -->"
@@ -30,17 +31,15 @@ def _described(fmt: str) -> tuple[str, list[str]]:
     return f.card or f.help, re.findall(r"[\w.\-]+", f.reader.lower())
 
 
-def dataset_card(record: dict, *, repo: str, folder: str, record_name: str) -> str:
+def dataset_card(record: ExportRecord, *, repo: str, folder: str, record_name: str) -> str:
     """Markdown with a YAML header; says what the export holds and how a trainer downloads it."""
-    fmt = record["export_format"]
+    fmt = record.export_format
     what, tags = _described(fmt)
-    enc = record["encoding"]
-    files = record["files"]
-    splits = record["splits"]
+    files = record.files
     where = f"{repo}/{folder}" if folder else repo
-    title = f"{where}: {enc['name']} tokens, {fmt}"
+    title = f"{where}: {record.encoding.name} tokens, {fmt}"
     # hf exports are parquet the viewer and load_dataset read through `configs`; token shards are not.
-    viewer = (hf.configs_yaml([f["split"] for f in files], folder=folder) if fmt == "hf" else ["viewer: false"])
+    viewer = (hf.configs_yaml([f.split for f in files], folder=folder) if fmt == "hf" else ["viewer: false"])
     header = ["---", f"pretty_name: {json.dumps(title)}", "tags:",
               *(f"- {t}" for t in ["tokenshards", "tokenized", *tags]), *viewer, "---", MARKER, ""]
     body = [f"# {title}", "",
@@ -48,42 +47,50 @@ def dataset_card(record: dict, *, repo: str, folder: str, record_name: str) -> s
             f"{' into `' + folder + '/`' if folder else ''}. Every fact below is also in "
             f"[`{record_name}`]({record_name}), the export record beside the shards.", "",
             "| | |", "|---|---|",
-            *_rows(record, what=what, fmt=fmt, enc=enc, files=files, splits=splits), "",
+            *_rows(record, what=what), "",
             "## Files", "", "| file | split | tokens | bytes |", "|---|---|---:|---:|",
-            *(f"| `{f['name']}` | {f['split']} | {f['tokens']:,} | {f['bytes']:,} |" for f in files), "",
+            *(f"| `{f.name}` | {f.split} | {f.tokens:,} | {f.bytes:,} |" for f in files), "",
             "## Download", "", *_download(repo, folder, files, fmt, record_name), "",
             f"Published to `hf://datasets/{where}` with huggingface_hub's upload API.", ""]
     return "\n".join(header + body)
 
 
-def _rows(record: dict, *, what: str, fmt: str, enc: dict, files: list, splits: dict) -> list[str]:
+def _rows(record: ExportRecord, *, what: str) -> list[str]:
+    enc = record.encoding
     rows = [("Source runs", _sources(record)),
-            ("Encoding", f"`{enc['name']}`, n_vocab {enc['n_vocab']:,}, eot id {enc['eot']}, stored as {_dtype(record['dtype'])}"),
-            ("eot", EOT.get(record["eot_position"], record["eot_position"])),
-            ("Export format", f"`{fmt}`: {what}")]
-    if record.get("shard_tokens"):
-        rows.append(("Shards", f"{record['shard_tokens']:,} tokens each (a split's last holds the rest; one under "
-                               f"{record['min_shard_tokens']:,} tokens joins the one before it)"))
+            ("Encoding", f"`{enc.name}`, n_vocab {enc.n_vocab:,}, eot id {enc.eot}, stored as {_dtype(record.dtype)}"),
+            ("eot", EOT.get(record.eot_position, record.eot_position)),
+            ("Export format", f"`{record.export_format}`: {what}")]
+    if record.shard_tokens:
+        rows.append(("Shards", f"{record.shard_tokens:,} tokens each (a split's last holds the rest; one under "
+                               f"{record.min_shard_tokens or 0:,} tokens joins the one before it)"))
     for split in ("train", "val"):
-        mine = [f for f in files if f["split"] == split]
-        s = splits[split]
+        mine = record.files_of(split)
+        s = record.splits[split]
         rows.append((f"{'Train' if split == 'train' else 'Validation'}",
-                     f"{s['tokens']:,} tokens, {s['docs']:,} documents, {len(mine)} file{'s' if len(mine) != 1 else ''}"
+                     f"{s.tokens:,} tokens, {s.docs:,} documents, {len(mine)} file{'s' if len(mine) != 1 else ''}"
                      + (f" ({_sizes(mine)})" if mine else "")))
-    rows.append(("Validation set", f"{record['val_tokens_requested']:,} tokens requested: {record['val_selection']}"))
-    order = record.get("order")
-    rows.append(("Order", f"shuffled over the whole corpus, seed {order['seed']} ({order['key']})" if order
+    rows.append(("Validation set", f"{record.val_tokens_requested:,} tokens requested: {record.val_selection}"))
+    order = record.order
+    rows.append(("Order", f"shuffled over the whole corpus, seed {order.seed} ({order.key})" if order
                  else "source order (manifest order of the run's partitions)"))
-    if len(record.get("sources") or []) > 1 or record.get("tokens_requested"):
-        rows.append(("Mixture", "; ".join(f"`{s['path']}` weight {s['weight']:.4g}: {s['tokens']:,} train tokens, "
-                                          f"{s['epochs']:.3g} epochs" for s in record["sources"])))
+    if len(record.sources) > 1 or record.tokens_requested:
+        rows.append(("Mixture", "; ".join(_share(s) for s in record.sources)))
     return [f"| {k} | {v} |" for k, v in rows]
 
 
-def _sources(record: dict) -> str:
-    if record.get("sources"):
-        return "; ".join(f"`{s['path']}` (job `{s['source_job']}`)" for s in record["sources"])
-    return f"`{record['source']}` (job `{record.get('source_job')}`)"
+def _share(s: ExportSource) -> str:
+    """One run's part of a mixture: of documents by weight (shuffled), or of rows (a rows export)."""
+    if s.weight is None:  # every one of its sequences ``epochs`` times, then ``extra`` more (pack.Copies)
+        taken = s.sequences * s.epochs + s.extra
+        return f"`{s.path}`: {taken:,} train sequences ({s.epochs} x its {s.sequences:,} + {s.extra:,})"
+    return f"`{s.path}` weight {s.weight:.4g}: {s.tokens:,} train tokens, {s.epochs:.3g} epochs"
+
+
+def _sources(record: ExportRecord) -> str:
+    if record.sources:
+        return "; ".join(f"`{s.path}` (job `{s.source_job}`)" for s in record.sources)
+    return f"`{record.source}` (job `{record.source_job}`)"
 
 
 def _dtype(dtype: str) -> str:
@@ -91,16 +98,16 @@ def _dtype(dtype: str) -> str:
     return str(np.dtype(dtype).name) + (" (little-endian)" if np.dtype(dtype).itemsize > 1 else "")
 
 
-def _sizes(files: list) -> str:
-    tokens = sorted({f["tokens"] for f in files})
+def _sizes(files: list[ExportFile]) -> str:
+    tokens = sorted({f.tokens for f in files})
     if len(files) == 1:
         return f"{tokens[0]:,} tokens"
     if len(tokens) == 1:
         return f"{tokens[0]:,} tokens each"
-    return f"{files[0]['tokens']:,} tokens in the first, {files[-1]['tokens']:,} in the last"
+    return f"{files[0].tokens:,} tokens in the first, {files[-1].tokens:,} in the last"
 
 
-def _download(repo: str, folder: str, files: list, fmt: str, record_name: str) -> list[str]:
+def _download(repo: str, folder: str, files: tuple[ExportFile, ...], fmt: str, record_name: str) -> list[str]:
     """modded-nanogpt's ``data/cached_fineweb10B.py`` way: one ``hf_hub_download`` per file into a
     local folder, skipping what is there (the record lists the files); or ``snapshot_download``."""
     prefix = f"{folder}/" if folder else ""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import json
 import os
 import posixpath
 import uuid
@@ -20,6 +19,7 @@ from distributed import Client
 from ..cluster import interrupt, runner
 from ..cluster.progress import Progress
 from ..errors import UserError
+from ..format.export_record import ExportFile, ExportRecord, ExportRecordError, SplitCounts
 from ..storage.lease import Lease
 from ..storage.store import (WRITE_PROBE_PREFIX, check_bucket, display_url, filesystem, is_local, is_s3, join,
                              remove_stale_probes, write_advice, write_json)
@@ -31,7 +31,6 @@ from .layout import Chunk, MaskRun, OutFile, Streams, chunk_file
 from .write import PartInfo, Source, Target, abort_target, commit_target, open_target, part_size, partition_candidates
 
 MERGE_FAN_IN = 8
-RECORD_FORMAT = "tokenshards-export/1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,18 +54,26 @@ class ExportSummary:
         ]
 
 
-def record_settings(config: ExportConfig, manifest, dtype: str) -> dict:
-    """What every ``NAME_export.json`` records of the tokens and the options, in this order (its
-    run's encoding: a mixture's runs share it)."""
+def export_record(config: ExportConfig, manifest, *, kind: str, dtype: str, splits: dict[str, SplitCounts],
+                  files: list[ExportFile], **fields) -> ExportRecord:
+    """The record an export writes last (``format.export_record``): what every one says of the
+    tokens (its run's encoding: a mixture's runs share it) and the options, then what the export
+    that wrote it adds (``fields``: its source, how it chose and ordered documents, ...)."""
     sharded = config.fmt.sharded
-    return {
-        "encoding": manifest.encoding.to_dict(),
-        "eot_position": manifest.eot_position,
-        "dtype": dtype,
-        "shard_tokens": config.shard_size if sharded else None,
-        "min_shard_tokens": config.min_shard_size if sharded else None,
-        "val_tokens_requested": config.val_tokens,
-    }
+    return ExportRecord(kind=kind, export_format=config.format, encoding=manifest.encoding,
+                        eot_position=manifest.eot_position, dtype=dtype,
+                        shard_tokens=config.shard_size if sharded else None,
+                        min_shard_tokens=config.min_shard_size if sharded else None,
+                        val_tokens_requested=config.val_tokens, splits=splits, files=tuple(files), **fields)
+
+
+def written_files(files: list[OutFile]) -> list[ExportFile]:
+    """The record's ``files`` of an export written in byte ranges."""
+    return [ExportFile(name=f.name, split=f.split, tokens=f.tokens, bytes=f.nbytes) for f in files]
+
+
+def split_counts(streams: Streams) -> dict[str, SplitCounts]:
+    return {s: SplitCounts(docs=streams.docs(s), tokens=streams.tokens(s)) for s in ("val", "train")}
 
 
 def check_destination(config: ExportConfig) -> None:
@@ -132,10 +139,9 @@ def earlier_format_patterns(fs, root: str, config: ExportConfig) -> list[str]:
     try:
         if is_local(fs) and not os.path.isfile(path):  # missing, or not a regular file: never opened
             return []
-        record = json.loads(fs.cat_file(path))
-    except (OSError, ValueError):
+        earlier = ExportRecord.from_bytes(fs.cat_file(path)).export_format
+    except (OSError, ExportRecordError):
         return []
-    earlier = record.get("export_format") if isinstance(record, dict) else None
     if earlier == config.format or earlier not in formats.REGISTRY:
         return []
     return formats.get(earlier).patterns(config.name_prefix)
@@ -211,14 +217,14 @@ def write_files(client: Client, files, streams: Streams, *, submit: Callable, de
     announce(f"wrote {counted(len(files), 'file')} to {display_url(dest_fs, dest_root)}")
 
 
-def finish(config: ExportConfig, *, record: dict, files: list[OutFile], streams: Streams, plan: Plan, lease: Lease,
+def finish(config: ExportConfig, *, record: ExportRecord, files: list[OutFile], streams: Streams, plan: Plan, lease: Lease,
            notes: list[str], t0: float) -> ExportSummary:
     """Write the record (the last file of an export) and say what was written."""
     import time
 
     dest_fs, dest_root = filesystem(config.to, config.storage_options)
     lease.check()  # an export that stalled past its lease must not write its record over a successor's files
-    write_json(dest_fs, join(dest_root, config.fmt.record_name(config.name_prefix)), record)
+    write_json(dest_fs, join(dest_root, config.fmt.record_name(config.name_prefix)), record.to_dict())
     notes = [*notes, *config.fmt.notes(files, plan)]
     if plan.mask and not any(isinstance(r, MaskRun) for f in files for r in f.regions):
         notes.append(f"this chat run's assistant mask has no place in {config.format}: its trainer takes the loss on "

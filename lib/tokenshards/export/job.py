@@ -21,10 +21,11 @@ from ..format.reader import open_manifest
 from ..storage.hubspec import is_hub_url
 from ..storage.lease import Lease
 from ..format import v1
+from ..format.export_record import ORDERED
 from ..storage.store import file_identity, filesystem, is_local, join
 from . import valsplit
-from .common import (RECORD_FORMAT, ExportSummary, check_destination, dest_lease, finish, prepare_dest, record_settings, val_candidates,
-                     write_files)
+from .common import (ExportSummary, check_destination, dest_lease, export_record, finish, prepare_dest, split_counts,
+                     val_candidates, write_files, written_files)
 from .config import DEFAULT_CHUNK_BYTES, DEFAULT_SHARD_TOKENS, DEFAULT_VAL_TOKENS, ExportConfig
 from .layout import Chunk, Streams
 from .write import PartInfo, Source, Target, target_kind, write_chunk
@@ -50,7 +51,7 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
             with dest_lease(config, announce=announce) as lease:
                 return run_shuffled_export(config, lease=lease, announce=announce)
         t0 = time.perf_counter()
-        _, _, manifest = open_manifest(config.out, config.storage_options)
+        manifest = open_manifest(config.out, config.storage_options).manifest
         with dest_lease(config, announce=announce) as lease:
             return _export_owned(config, manifest, lease, t0=t0, announce=announce)
 
@@ -125,7 +126,7 @@ def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,
     if config.val_tokens and config.val_tokens >= tokens.sum():
         raise UserError(f"--val-tokens {config.val_tokens:,} is not less than the {int(tokens.sum()):,} tokens in "
                         f"{config.out}; pass a smaller --val-tokens (or 0 for no validation set)")
-    ordinal = {i["path"]: n for n, i in enumerate(manifest.inputs)}
+    ordinal = {i.path: n for n, i in enumerate(manifest.input_records)}
     parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
     source = Source(out=config.out, storage_options=config.storage_options, dtype=manifest.encoding.dtype)
 
@@ -158,15 +159,8 @@ def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,
         write_files(client, files, streams, submit=submit, dest_fs=dest_fs, dest_root=dest_root, kind=kind, config=config,
                     announce=announce)
 
-    record = {
-        "format": RECORD_FORMAT,
-        "export_format": config.format,
-        "source": config.out,
-        "source_job": manifest.job,
-        **record_settings(config, manifest, dtype),
-        "val_selection": "whole documents with the smallest blake2b-64(id), ties by (input, row), "
-                         "until val_tokens is reached",
-        "splits": {s: {"docs": streams.docs(s), "tokens": streams.tokens(s)} for s in ("val", "train")},
-        "files": [{"name": f.name, "split": f.split, "tokens": f.tokens, "bytes": f.nbytes} for f in files],
-    }
+    record = export_record(config, manifest, kind=ORDERED, dtype=dtype, source=config.out, source_job=manifest.job,
+                           val_selection="whole documents with the smallest blake2b-64(id), ties by (input, row), "
+                                         "until val_tokens is reached",
+                           splits=split_counts(streams), files=written_files(files))
     return finish(config, record=record, files=files, streams=streams, plan=plan, lease=lease, notes=[], t0=t0)

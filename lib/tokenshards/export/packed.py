@@ -30,10 +30,11 @@ import numpy as np
 from ..cluster import machines, runner
 from ..cluster.progress import Progress
 from ..errors import UserError
+from ..format.export_record import ROWS, ExportFile, ExportSource, Order, PackedRows, SplitCounts
 from ..storage.store import check_bucket, filesystem, is_local, join, temporary_beside, write_json
 from ..wording import counted
 from . import mix, order, valsplit
-from .common import RECORD_FORMAT, ExportSummary, prepare_dest, record_settings, val_candidates
+from .common import ExportSummary, export_record, prepare_dest, val_candidates
 from .formats import base as format_base
 from .formats import hf
 from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
@@ -546,51 +547,42 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
     for i, split in enumerate(SPLITS):
         c = sum(x[:, i, :].sum(axis=0) for x in per_run)
         rows, tokens = got[split]
-        info = {"docs": int(c[2]), "tokens": tokens, "rows": rows, "source_tokens": int(c[3])}
+        counts = SplitCounts(docs=int(c[2]), tokens=tokens, rows=rows, source_tokens=int(c[3]))
         if spec.packed:
-            one_pass = int(c[1])
-            info.update(padding=rows * spec.seq_len - tokens, dropped=int(c[3]) - one_pass)
+            counts = dataclasses.replace(counts, padding=rows * spec.seq_len - tokens, dropped=int(c[3]) - int(c[1]))
             if rows:
-                notes.append(f"{split}: {rows:,} sequences of {spec.seq_len:,} tokens; padding {info['padding']:,} tokens "
-                             f"({info['padding'] / (rows * spec.seq_len):.2%}); left over {info['dropped']:,} of "
+                notes.append(f"{split}: {rows:,} sequences of {spec.seq_len:,} tokens; padding {counts.padding:,} tokens "
+                             f"({counts.padding / (rows * spec.seq_len):.2%}); left over {counts.dropped:,} of "
                              f"{int(c[3]):,} tokens" + (" (the stream's tail)" if spec.mode == "concat" and not spec.bos_align
                                                         else ""))
-        splits[split] = info
-    file_list = []
-    for name, tokens in files:
-        path = join(dest_root, name)
-        file_list.append({"name": name, "split": _split_of(name, config.name_prefix), "tokens": tokens,
-                          "bytes": int(dest_fs.size(path))})
-    record = {
-        "format": RECORD_FORMAT,
-        "export_format": config.format,
-        "source": runs[0].path if len(runs) == 1 else None,
-        "source_job": runs[0].manifest.job,
-        **record_settings(config, runs[0].manifest, dtype),
-        "val_selection": "per run, whole documents with the smallest blake2b-64(id), ties by (input, row), until its "
-                         "share of val_tokens is reached",
-        "packing": ({"seq_len": spec.seq_len, "mode": spec.mode, "bos_align": spec.bos_align,
-                     "window_docs": spec.window if spec.mode == "best-fit" else None,
-                     "unit": "each partition of each run is packed on its own" + (
-                         "; concat's windows run on across partitions" if spec.mode == "concat" and not spec.bos_align else "")}
-                    if spec.packed else None),
-        "columns": ["input_ids", *(["seq_lengths"] if spec.packed else []), *columns],
-        "order": ({"shuffle": True, "seed": seed, "key": "seeded Feistel permutation of whole rows (pack.permute)"}
-                  if config.shuffled else None),
-        "sources": [{"path": r.path, "source_job": r.manifest.job, "sequences": c.sequences, "epochs": c.epochs,
-                     "extra": c.extra} for r, c in zip(runs, copies["train"])],
-        "splits": splits,
-        "files": file_list,
-    }
+        splits[split] = counts
+    record = export_record(
+        config, runs[0].manifest, kind=ROWS, dtype=dtype, source=runs[0].path if len(runs) == 1 else None,
+        source_job=runs[0].manifest.job,
+        val_selection="per run, whole documents with the smallest blake2b-64(id), ties by (input, row), until its "
+                      "share of val_tokens is reached",
+        packing=(PackedRows(seq_len=spec.seq_len, mode=spec.mode, bos_align=spec.bos_align,
+                            window_docs=spec.window if spec.mode == "best-fit" else None,
+                            unit="each partition of each run is packed on its own" + (
+                                "; concat's windows run on across partitions" if spec.mode == "concat" and not spec.bos_align
+                                else ""))
+                 if spec.packed else None),
+        columns=("input_ids", *(["seq_lengths"] if spec.packed else []), *columns),
+        order=Order(seed=seed, key="seeded Feistel permutation of whole rows (pack.permute)") if config.shuffled else None,
+        sources=tuple(ExportSource(path=r.path, source_job=r.manifest.job, sequences=c.sequences, epochs=c.epochs,
+                                   extra=c.extra) for r, c in zip(runs, copies["train"])),
+        splits=splits,
+        files=[ExportFile(name=name, split=_split_of(name, config.name_prefix), tokens=tokens,
+                          bytes=int(dest_fs.size(join(dest_root, name)))) for name, tokens in files])
     lease.check()
     if config.format == "hf":
         from ..storage.store import write_atomic
 
         write_atomic(dest_fs, join(dest_root, "README.md"), hf.local_card(record).encode())
-    write_json(dest_fs, join(dest_root, config.fmt.record_name(config.name_prefix)), record)
-    return ExportSummary(to=config.to, files=[name for name, _ in files], val_docs=splits["val"]["docs"], val_tokens=splits["val"]["tokens"],
-                         train_docs=splits["train"]["docs"], train_tokens=splits["train"]["tokens"],
-                         seconds=time.perf_counter() - t0, notes=tuple(notes))
+    write_json(dest_fs, join(dest_root, config.fmt.record_name(config.name_prefix)), record.to_dict())
+    return ExportSummary(to=config.to, files=[name for name, _ in files], val_docs=splits["val"].docs,
+                         val_tokens=splits["val"].tokens, train_docs=splits["train"].docs,
+                         train_tokens=splits["train"].tokens, seconds=time.perf_counter() - t0, notes=tuple(notes))
 
 
 def _check_card(fs, root: str, config) -> None:

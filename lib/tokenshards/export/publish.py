@@ -38,6 +38,8 @@ from typing import Callable
 
 from ..cluster.progress import draws_bars
 from ..errors import UserError
+from ..format.export_record import ExportRecord, ExportRecordError
+from ..format.reader import open_manifest
 from ..storage import hubrepo
 from ..storage.hubrepo import HubDestination
 from ..storage.store import filesystem, is_local
@@ -104,8 +106,8 @@ def run_publish(config: PublishConfig, *, announce: Callable[[str], None] = prin
     announce(f"{dest.url}: {user} may write to it")
     staging = config.staging or default_staging(dest)
     summary, record_name = _stage(config, staging, announce=announce)
-    record_bytes = (Path(staging) / record_name).read_bytes()
-    card = cards.dataset_card(json.loads(record_bytes), repo=dest.repo, folder=dest.folder, record_name=record_name).encode()
+    record = ExportRecord.from_bytes((Path(staging) / record_name).read_bytes())
+    card = cards.dataset_card(record, repo=dest.repo, folder=dest.folder, record_name=record_name).encode()
     with _hub_bars_follow(config.export.progress):
         sent, commits, total = _upload(api, config, dest, staging, summary.files, record_name, card, announce=announce)
     endpoint = api.endpoint.rstrip("/")
@@ -171,9 +173,7 @@ def _write_stamp(stamp: Path, key: dict | None) -> None:
 
 def _stage_key(export: ExportConfig) -> dict:
     """What decides the exported bytes: the options, and which tokenize job made each run."""
-    from ..format.reader import open_manifest
-
-    jobs = [open_manifest(run, export.storage_options)[2].job for run in export.runs]
+    jobs = [open_manifest(run, export.storage_options).manifest.job for run in export.runs]
     return {"format": export.format, "runs": list(export.runs), "jobs": jobs, "shard_tokens": export.shard_tokens,
             "min_shard_tokens": export.min_shard_tokens, "val_tokens": export.val_tokens, "prefix": export.prefix,
             "shuffle": export.shuffled, "seed": export.seed,
@@ -181,33 +181,20 @@ def _stage_key(export: ExportConfig) -> dict:
 
 
 def _staged_summary(staging: Path, record_name: str, to: str) -> ExportSummary | None:
-    """The summary of the export a staging folder holds, from its record; None when a file is
-    missing or of another size than the record says."""
-    record = _read_json(staging / record_name)
-    if not _record_files_ok(record):
-        return None  # exported again rather than trusted
-    for f in record["files"]:
-        p = staging / f["name"]
-        if not (p.is_file() and p.stat().st_size == f["bytes"]):
-            return None
-    s = record["splits"]
-    return ExportSummary(to=to, files=[f["name"] for f in record["files"]], val_docs=s["val"]["docs"],
-                         val_tokens=s["val"]["tokens"], train_docs=s["train"]["docs"], train_tokens=s["train"]["tokens"],
-                         seconds=0.0)
-
-
-def _record_files_ok(record) -> bool:
-    """An export record's ``files`` (what would be uploaded) are each a name relative to the
-    staging folder with a byte count, and its splits are counts: anything else is not ours."""
-    from ..format.v1 import relative_path_problem
-
+    """The summary of the export a staging folder holds, from its record; None when the record is
+    not one (``ExportRecord.from_dict`` checks that every file it lists, what would be uploaded, is
+    named relative to the staging folder), or a file is missing or of another size than it says."""
     try:
-        files, splits = record["files"], record["splits"]
-        return (isinstance(files, list) and all(isinstance(f, dict) and relative_path_problem(f.get("name")) is None
-                                                and type(f.get("bytes")) is int and f["bytes"] >= 0 for f in files)
-                and all(type(splits[s][k]) is int and splits[s][k] >= 0 for s in ("val", "train") for k in ("docs", "tokens")))
-    except (KeyError, TypeError):
-        return False
+        record = ExportRecord.from_bytes((staging / record_name).read_bytes())
+    except (OSError, ExportRecordError):
+        return None  # exported again rather than trusted
+    for f in record.files:
+        p = staging / f.name
+        if not (p.is_file() and p.stat().st_size == f.bytes):
+            return None
+    val, train = record.splits["val"], record.splits["train"]
+    return ExportSummary(to=to, files=[f.name for f in record.files], val_docs=val.docs, val_tokens=val.tokens,
+                         train_docs=train.docs, train_tokens=train.tokens, seconds=0.0)
 
 
 def _read_json(path: Path):

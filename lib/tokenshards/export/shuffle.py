@@ -29,13 +29,14 @@ from distributed import Client
 
 from ..cluster import machines, runner
 from ..errors import UserError
+from ..format.export_record import SHUFFLED, ExportSource, Order
 from ..format.reader import PartitionFiles, open_manifest
 from ..format.v1 import Manifest, PartitionEntry
 from ..storage.hub.cache import free_bytes
 from ..storage.store import check_bucket, filesystem, is_local
 from ..wording import counted
 from . import mix, order, valsplit
-from .common import RECORD_FORMAT, finish, prepare_dest, record_settings, val_candidates, write_files
+from .common import export_record, finish, prepare_dest, split_counts, val_candidates, write_files, written_files
 from .layout import PIECE_OPS, Chunk, Streams
 from .valsplit import Threshold, id_hashes, is_val
 from .view import DocView, coalesce  # noqa: F401 - coalesce: the shuffle's reads join nearby ranges (view.gather)
@@ -303,9 +304,9 @@ def open_runs(config) -> list[Run]:
     """Every run of the export; they must agree on what a token is and where eot goes."""
     runs = []
     for i, path in enumerate(config.runs):
-        _, _, manifest = open_manifest(path, config.storage_options)
+        manifest = open_manifest(path, config.storage_options).manifest
         entries = manifest.by_index()
-        ordinal = {x["path"]: n for n, x in enumerate(manifest.inputs)}
+        ordinal = {x.path: n for n, x in enumerate(manifest.input_records)}
         parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
         source = Source(out=path, storage_options=config.storage_options, dtype=manifest.encoding.dtype)
         runs.append(Run(index=i, path=path, manifest=manifest, source=source, parts=parts))
@@ -451,24 +452,17 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
             for future in buckets:
                 future.release()
 
-    record = {
-        "format": RECORD_FORMAT,
-        "export_format": config.format,
-        "source": runs[0].path if len(runs) == 1 else None,
-        **record_settings(config, runs[0].manifest, dtype),
-        "val_selection": "per run, whole documents with the smallest blake2b-64(id), ties by (input, row), until its "
-                         "share of val_tokens (by weight) is reached",
-        "order": {"shuffle": True, "seed": seed,
-                  "key": "murmur3 fmix64(blake2b-64(id) xor salt(seed, split, run, epoch)), ties by (run, epoch, input, row)"},
-        "tokens_requested": config.tokens,
-        "train_tokens_target": total,
-        "sources": [{"path": r.path, "source_job": r.manifest.job, "weight": float(s.weight),
-                     "tokens": t, "documents": d, "epochs": round(t / s.available, 6), "full_epochs": s.epochs,
-                     "val_tokens": vt, "val_documents": vd}
-                    for r, s, (d, t), (vd, vt) in zip(runs, shares, taken, val)],
-        "splits": {s: {"docs": streams.docs(s), "tokens": streams.tokens(s)} for s in ("val", "train")},
-        "files": [{"name": f.name, "split": f.split, "tokens": f.tokens, "bytes": f.nbytes} for f in files],
-    }
-    notes = [f"{s['path']}: weight {s['weight']:.4g}, {s['tokens']:,} train tokens ({counted(s['documents'], 'document')}, "
-             f"{s['epochs']:.3g} epochs)" for s in record["sources"]] if len(runs) > 1 else []
+    record = export_record(
+        config, runs[0].manifest, kind=SHUFFLED, dtype=dtype, source=runs[0].path if len(runs) == 1 else None,
+        val_selection="per run, whole documents with the smallest blake2b-64(id), ties by (input, row), until its "
+                      "share of val_tokens (by weight) is reached",
+        order=Order(seed=seed, key="murmur3 fmix64(blake2b-64(id) xor salt(seed, split, run, epoch)), "
+                                   "ties by (run, epoch, input, row)"),
+        tokens_requested=config.tokens, train_tokens_target=total,
+        sources=tuple(ExportSource(path=r.path, source_job=r.manifest.job, weight=float(s.weight), tokens=t, documents=d,
+                                   epochs=round(t / s.available, 6), full_epochs=s.epochs, val_tokens=vt, val_documents=vd)
+                      for r, s, (d, t), (vd, vt) in zip(runs, shares, taken, val)),
+        splits=split_counts(streams), files=written_files(files))
+    notes = [f"{s.path}: weight {s.weight:.4g}, {s.tokens:,} train tokens ({counted(s.documents, 'document')}, "
+             f"{s.epochs:.3g} epochs)" for s in record.sources] if len(runs) > 1 else []
     return finish(config, record=record, files=files, streams=streams, plan=plan, lease=lease, notes=notes, t0=t0)

@@ -12,6 +12,7 @@ import json
 
 import pyarrow as pa
 
+from ...format.export_record import ExportRecord
 from ..layout import OutFile, Streams
 from .base import Format, Plan
 
@@ -47,16 +48,16 @@ def configs_yaml(splits: list[str], *, folder: str = "") -> list[str]:
     return lines
 
 
-def local_card(record: dict) -> str:
+def local_card(record: ExportRecord) -> str:
     """The README.md an hf export writes beside its shards (a publish replaces it with the full card)."""
-    splits = [f["split"] for f in record["files"]]
-    packing = record.get("packing") or {}
-    rows = (f"sequences of {packing['seq_len']:,} tokens ({packing['mode']})" if packing.get("seq_len")
+    splits = [f.split for f in record.files]
+    packing = record.packing
+    rows = (f"sequences of {packing.seq_len:,} tokens ({packing.mode})" if packing and packing.seq_len
             else "one document per row")
     lines = ["---", *configs_yaml(splits), "tags:", "- tokenshards", "- tokenized", "---", CARD_MARKER, "",
-             f"# {record['encoding']['name']} tokens", "",
+             f"# {record.encoding.name} tokens", "",
              f"Written by `tokenshards export --format hf`: {rows}; columns "
-             + ", ".join(f"`{c}`" for c in record.get("columns", ["input_ids"])) + ". "
+             + ", ".join(f"`{c}`" for c in record.columns or ("input_ids",)) + ". "
              "`datasets.load_dataset(PATH)` reads it; every fact is in the export record beside this card.", ""]
     return "\n".join(lines)
 
