@@ -96,6 +96,23 @@ def test_a_record_of_an_earlier_version_is_judged_by_its_expiry_alone(out):
         _lease(out).acquire()
 
 
+@pytest.mark.parametrize("field, value", [("renewed", "soon"), ("ttl", None), ("pid", "1"), ("pid", -1),
+                                          ("started", float("inf")), ("host", ["h"]), ("run", 5)])
+def test_a_record_with_a_field_of_the_wrong_type_is_an_unreadable_one(out, field, value):
+    """Hand-edited or foreign: taken over as unreadable, never a traceback when it is judged."""
+    fs, root, _ = out
+    now = time.time()
+    record = json.loads(LeaseRecord(run="odd", command="tokenize", host="elsewhere", pid=1, started=now, renewed=now,
+                                    ttl=3600).to_bytes())
+    raw = json.dumps({**record, field: value}).encode()
+    assert LeaseRecord.from_bytes(raw) is None
+    fs.pipe_file(f"{root}/{LEASE_FILE}", raw)
+    notes = []
+    with _lease(out, announce=notes.append) as lease:
+        assert lease.record.run != "odd"
+    assert notes and "took over the stale lease of an unreadable record" in notes[0]
+
+
 def test_renewed_while_the_run_lives(out):
     fs, root, _ = out
     with _lease(out, ttl=0.4) as lease:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import socket
 import threading
@@ -94,12 +95,19 @@ class LeaseRecord:
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> "LeaseRecord | None":
-        """None for a record that isn't one (half-written by a foreign tool, hand-edited): stale."""
+        """None for a record that isn't one (half-written by a foreign tool, hand-edited, a field of
+        the wrong type): stale. Nothing else reads a lease file, so nothing else must check one."""
         try:
             data = json.loads(raw)
-            return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data or k != "space"})
+            record = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data or k != "space"})
         except (ValueError, TypeError, KeyError):
             return None
+        texts = (record.run, record.command, record.host, record.space)
+        numbers = (record.started, record.renewed, record.ttl)
+        if not (all(isinstance(t, str) for t in texts) and type(record.pid) is int and record.pid > 0
+                and all(type(n) in (int, float) and math.isfinite(n) for n in numbers)):
+            return None
+        return record
 
     def describe(self, now: float) -> str:
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started))
