@@ -20,7 +20,7 @@ from tokenshards.encoding.backends import verification_texts
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.encoding.meta import load as load_meta
 from tokenshards.encoding.patterns import onig_pattern
-from tokenshards.encoding.tojson import tokenizer_config_json, tokenizer_json
+from tokenshards.encoding.tojson import kept_tokenizer_json, tokenizer_config_json, tokenizer_json
 from tokenshards.errors import UserError
 
 SPECIAL_AS_TEXT = ["<|endoftext|>", "a<|endoftext|>b", " <|endoftext|>\n", "<|pad|><|fim_prefix|>", "<|endofprompt|>x"]
@@ -173,3 +173,18 @@ def test_llama3_ranks_convert_to_the_same_ids():
              *DOCUMENTS[:300]]
     for text in texts:
         assert tok.encode(text, add_special_tokens=False).ids == llama3.encoding.encode_ordinary(text), text[:60]
+
+
+def test_a_kept_conversion_is_the_conversion_and_a_damaged_one_is_made_again(monkeypatch, tmp_path):
+    """Llama 3's gigatoken path converts Meta's ranks once per machine (``kept_tokenizer_json``):
+    read back, it is exactly ``tokenizer_json``'s text; a file whose bytes no longer match its name
+    is never used, and is made again."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    params = load_encoding("gpt2").params
+    fresh = tokenizer_json(params.mergeable_ranks, params.pat_str, {})
+    assert kept_tokenizer_json(params.mergeable_ranks, params.pat_str) == fresh
+    [kept] = (tmp_path / "tokenshards" / "tokenizer-json").glob("*.json")
+    assert kept_tokenizer_json(params.mergeable_ranks, params.pat_str) == fresh  # read back
+    kept.write_bytes(kept.read_bytes()[:-100])
+    assert kept_tokenizer_json(params.mergeable_ranks, params.pat_str) == fresh
+    assert [p.read_bytes() == fresh.encode() for p in kept.parent.glob("*.json")] == [True]  # made again in its place

@@ -184,10 +184,10 @@ class GigatokenBackend:
 
                 make = functools.partial(_gigatoken_from_ranks, dump_ranks(params.mergeable_ranks), pretokenizer)
             elif params.pat_str in GIGATOKEN_THROUGH_JSON:
-                from .tojson import tokenizer_json
+                from .tojson import kept_tokenizer_json
 
-                # Converted once (~1-4 s for 128k ranks); a rebuild only parses it again.
-                make = functools.partial(_gigatoken_from_json, tokenizer_json(params.mergeable_ranks, params.pat_str, {}))
+                # Converted once per machine (~2-4 s for 128k ranks, then kept); a rebuild only parses it again.
+                make = functools.partial(_gigatoken_from_json, kept_tokenizer_json(params.mergeable_ranks, params.pat_str))
             else:
                 raise ValueError("gigatoken has no pretokenizer for this encoding's split pattern")
             eot_token = params.special_tokens.get("<|endoftext|>")
