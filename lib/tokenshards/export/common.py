@@ -6,6 +6,7 @@ imports the other's module for these; ``job.run_export`` only hands shuffled exp
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import os
 import posixpath
@@ -180,6 +181,22 @@ def val_candidates(client: Client, parts: list[PartInfo], *, source: Source, val
     root = runner.reduce_tree(client, leaves, valsplit.merge, fan_in=MERGE_FAN_IN, val_tokens=val_tokens)
     return runner.result_of(client, root, also_cancel=leaves, explain=lambda e: UserError(
         f"choosing validation documents failed: {type(e).__name__}: {e}"))
+
+
+def split_validation(client: Client, runs: list, val_split: list[int]) -> list[valsplit.Threshold | None]:
+    """Each run's validation documents, chosen on the cluster (``val_candidates``): ``runs[n]`` is
+    replaced by the run with its parts' ``val_docs``/``val_tokens`` set; returns each run's threshold
+    (None where ``val_split[n]`` asks for no validation set). Shuffled and packed exports share it."""
+    thresholds: list[valsplit.Threshold | None] = []
+    for n, (run, want) in enumerate(zip(runs, val_split)):
+        threshold = None
+        if want:
+            final = val_candidates(client, run.parts, source=run.source, val_tokens=want)
+            threshold, vd, vt = valsplit.choose(final, n_parts=len(run.parts))
+            parts = [dataclasses.replace(p, val_docs=int(d), val_tokens=int(t)) for p, d, t in zip(run.parts, vd, vt)]
+            runs[n] = dataclasses.replace(run, parts=parts)
+        thresholds.append(threshold)
+    return thresholds
 
 
 def write_files(client: Client, files, streams: Streams, *, submit: Callable, dest_fs, dest_root: str, kind: str,

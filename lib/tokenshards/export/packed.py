@@ -33,8 +33,8 @@ from ..errors import UserError
 from ..format.export_record import ROWS, ExportFile, ExportSource, Order, PackedRows, SplitCounts
 from ..storage.store import check_bucket, filesystem, is_local, join, temporary_beside, write_json
 from ..wording import counted
-from . import mix, order, valsplit
-from .common import ExportSummary, export_record, prepare_dest, val_candidates
+from . import mix, order
+from .common import ExportSummary, export_record, prepare_dest, split_validation
 from .formats import base as format_base
 from .formats import hf
 from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
@@ -407,15 +407,7 @@ def run_packed_export(config, *, lease, announce: Callable[[str], None] = print)
                    for r in runs]
     with runner.connect_to(config, announce=announce,
                            local_paths=[*local_paths, machines.PathUse(option="--to", url=config.to, writes=True)]) as client:
-        thresholds = []
-        for n, (run, want) in enumerate(zip(runs, val_split)):
-            threshold = None
-            if want:
-                final = val_candidates(client, run.parts, source=run.source, val_tokens=want)
-                threshold, vd, vt = valsplit.choose(final, n_parts=len(run.parts))
-                parts = [dataclasses.replace(p, val_docs=int(d), val_tokens=int(t)) for p, d, t in zip(run.parts, vd, vt)]
-                runs[n] = run = dataclasses.replace(run, parts=parts)
-            thresholds.append(threshold)
+        thresholds = split_validation(client, runs, val_split)
 
         announce(f"packing {counted(sum(len(r.parts) for r in runs), 'partition')} of {counted(len(runs), 'run')}"
                  + (f" into sequences of {config.seq_len:,} tokens ({spec.mode}{', BOS-aligned' if spec.bos_align else ''})"

@@ -17,7 +17,6 @@ How it runs, all on the cluster (the client holds per-bucket and per-partition c
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import operator
 import time
@@ -36,7 +35,7 @@ from ..storage.hub.cache import free_bytes
 from ..storage.store import check_bucket, filesystem, is_local
 from ..wording import counted
 from . import mix, order, valsplit
-from .common import export_record, finish, prepare_dest, split_counts, val_candidates, write_files, written_files
+from .common import export_record, finish, prepare_dest, split_counts, split_validation, write_files, written_files
 from .layout import PIECE_OPS, Chunk, Streams
 from .valsplit import Threshold, id_hashes, is_val
 from .view import DocView, coalesce  # noqa: F401 - coalesce: the shuffle's reads join nearby ranges (view.gather)
@@ -369,15 +368,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
                    for r in runs]
     with runner.connect_to(config, announce=announce,
                            local_paths=[*local_paths, machines.PathUse(option="--to", url=config.to, writes=True)]) as client:
-        thresholds: list[Threshold | None] = []
-        for n, (run, want) in enumerate(zip(runs, val_split)):
-            threshold = None
-            if want:
-                final = val_candidates(client, run.parts, source=run.source, val_tokens=want)
-                threshold, vd, vt = valsplit.choose(final, n_parts=len(run.parts))
-                parts = [dataclasses.replace(p, val_docs=int(d), val_tokens=int(t)) for p, d, t in zip(run.parts, vd, vt)]
-                runs[n] = run = dataclasses.replace(run, parts=parts)
-            thresholds.append(threshold)
+        thresholds = split_validation(client, runs, val_split)
         val = [(sum(p.val_docs for p in r.parts), sum(p.val_tokens for p in r.parts)) for r in runs]
         available = [size - vt for size, (_, vt) in zip(sizes, val)]
         docs = [sum(p.entry.docs - p.val_docs for p in r.parts) for r in runs]
