@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 from distributed import Client
 
-from ..cluster import interrupt, runner
+from ..cluster import interrupt, machines, runner
 from ..cluster.progress import Progress
 from ..errors import UserError
 from ..format.export_record import ExportFile, ExportRecord, ExportRecordError, SplitCounts
@@ -181,6 +181,14 @@ def val_candidates(client: Client, parts: list[PartInfo], *, source: Source, val
     root = runner.reduce_tree(client, leaves, valsplit.merge, fan_in=MERGE_FAN_IN, val_tokens=val_tokens)
     return runner.result_of(client, root, also_cancel=leaves, explain=lambda e: UserError(
         f"choosing validation documents failed: {type(e).__name__}: {e}"))
+
+
+def paths_used(config: ExportConfig, runs: list[tuple[str, object]]) -> list[machines.PathUse]:
+    """What the workers must reach: each run read (``(path, manifest)``), DEST written. A local path
+    the workers' machines do not share is refused before any work (``runner.connect_to``)."""
+    reads = [machines.reading_run("RUN", path, manifest.files(filesystem(path, config.storage_options)[1]))
+             for path, manifest in runs]
+    return [*reads, machines.PathUse(option="--to", url=config.to, writes=True)]
 
 
 def split_validation(client: Client, runs: list, val_split: list[int]) -> list[valsplit.Threshold | None]:

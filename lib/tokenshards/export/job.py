@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..cluster import machines, runner
+from ..cluster import runner
 from ..errors import UserError
 from ..format.reader import open_manifest
 from ..storage.hubspec import is_hub_url
@@ -24,7 +24,7 @@ from ..format import v1
 from ..format.export_record import ORDERED
 from ..storage.store import file_identity, filesystem, is_local, join
 from . import valsplit
-from .common import (ExportSummary, check_destination, dest_lease, export_record, finish, prepare_dest, split_counts,
+from .common import (ExportSummary, check_destination, dest_lease, export_record, finish, paths_used, prepare_dest, split_counts,
                      val_candidates, write_files, written_files)
 from .config import DEFAULT_CHUNK_BYTES, DEFAULT_SHARD_TOKENS, DEFAULT_VAL_TOKENS, ExportConfig
 from .layout import Chunk, Streams
@@ -134,9 +134,7 @@ def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,
     kind = target_kind(dest_fs)
     prepare_dest(dest_fs, dest_root, config)
 
-    with runner.connect_to(config, announce=announce, local_paths=[
-            machines.reading_run("RUN", config.out, manifest.files(filesystem(config.out, config.storage_options)[1])),
-            machines.PathUse(option="--to", url=config.to, writes=True)]) as client:
+    with runner.connect_to(config, announce=announce, local_paths=paths_used(config, [(config.out, manifest)])) as client:
         threshold = None
         val_docs = np.zeros(len(entries), dtype=np.int64)
         val_tokens = np.zeros(len(entries), dtype=np.int64)

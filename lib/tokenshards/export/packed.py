@@ -27,14 +27,14 @@ from typing import Callable
 
 import numpy as np
 
-from ..cluster import machines, runner
+from ..cluster import runner
 from ..cluster.progress import Progress
 from ..errors import UserError
 from ..format.export_record import ROWS, ExportFile, ExportSource, Order, PackedRows, SplitCounts
 from ..storage.store import check_bucket, filesystem, is_local, join, temporary_beside, write_json
 from ..wording import counted
 from . import mix, order
-from .common import ExportSummary, export_record, prepare_dest, split_validation
+from .common import ExportSummary, export_record, prepare_dest, paths_used, split_validation
 from .formats import base as format_base
 from .formats import hf
 from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
@@ -403,10 +403,8 @@ def run_packed_export(config, *, lease, announce: Callable[[str], None] = print)
     _check_card(dest_fs, dest_root, config)
     seed = config.seed or 0
 
-    local_paths = [machines.reading_run("RUN", r.path, r.manifest.files(filesystem(r.path, config.storage_options)[1]))
-                   for r in runs]
     with runner.connect_to(config, announce=announce,
-                           local_paths=[*local_paths, machines.PathUse(option="--to", url=config.to, writes=True)]) as client:
+                           local_paths=paths_used(config, [(r.path, r.manifest) for r in runs])) as client:
         thresholds = split_validation(client, runs, val_split)
 
         announce(f"packing {counted(sum(len(r.parts) for r in runs), 'partition')} of {counted(len(runs), 'run')}"

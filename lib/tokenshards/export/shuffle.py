@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 from distributed import Client
 
-from ..cluster import machines, runner
+from ..cluster import runner
 from ..errors import UserError
 from ..format.export_record import SHUFFLED, ExportSource, Order
 from ..format.reader import PartitionFiles, open_manifest
@@ -35,7 +35,8 @@ from ..storage.hub.cache import free_bytes
 from ..storage.store import check_bucket, filesystem, is_local
 from ..wording import counted
 from . import mix, order, valsplit
-from .common import export_record, finish, prepare_dest, split_counts, split_validation, write_files, written_files
+from .common import (export_record, finish, paths_used, prepare_dest, split_counts, split_validation, write_files,
+                     written_files)
 from .layout import PIECE_OPS, Chunk, Streams
 from .valsplit import Threshold, id_hashes, is_val
 from .view import DocView, coalesce  # noqa: F401 - coalesce: the shuffle's reads join nearby ranges (view.gather)
@@ -364,10 +365,8 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
     prepare_dest(dest_fs, dest_root, config)
     seed = config.seed or 0
 
-    local_paths = [machines.reading_run("RUN", r.path, r.manifest.files(filesystem(r.path, config.storage_options)[1]))
-                   for r in runs]
     with runner.connect_to(config, announce=announce,
-                           local_paths=[*local_paths, machines.PathUse(option="--to", url=config.to, writes=True)]) as client:
+                           local_paths=paths_used(config, [(r.path, r.manifest) for r in runs])) as client:
         thresholds = split_validation(client, runs, val_split)
         val = [(sum(p.val_docs for p in r.parts), sum(p.val_tokens for p in r.parts)) for r in runs]
         available = [size - vt for size, (_, vt) in zip(sizes, val)]
