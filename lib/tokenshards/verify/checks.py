@@ -110,16 +110,24 @@ def check_listing(manifest: Manifest, names: list[str]) -> tuple[list[str], list
     return problems, warnings
 
 
+def _as_named(where: str, found: TokensFile, *, sha256: str | None) -> list[str]:
+    """An .npy file against its manifest entry: the bytes it names, and a header that reads."""
+    problems = []
+    if found.sha256 != sha256:
+        problems.append(f"{where}: sha256 {found.sha256[:12]}… != manifest's {str(sha256)[:12]}… "
+                        "(the file changed after the run)")
+    if found.header_problem:
+        problems.append(f"{where}: {found.header_problem}")
+    return problems
+
+
 def check_tokens(entry: PartitionEntry, tokens: TokensFile, *, expected: Expected) -> list[str]:
     """The tokens file is the one the manifest names: same bytes, and a 1-D little-endian array
     of the manifest's dtype with ``tokens`` ids, every id inside the vocabulary."""
     where = f"partition {entry.index}: {entry.tokens_file}"
-    problems = []
-    if tokens.sha256 != entry.sha256:
-        problems.append(f"{where}: sha256 {tokens.sha256[:12]}… != manifest's {str(entry.sha256)[:12]}… "
-                        "(the file changed after the run)")
+    problems = _as_named(where, tokens, sha256=entry.sha256)
     if tokens.header_problem:
-        return problems + [f"{where}: {tokens.header_problem}"]
+        return problems
     want = np.dtype(expected.dtype).newbyteorder("<").str
     if tokens.dtype != want:
         problems.append(f"{where}: dtype {tokens.dtype}, expected {want} (little-endian {expected.dtype})")
@@ -142,12 +150,9 @@ def check_mask(entry: PartitionEntry, mask: TokensFile) -> list[str]:
     """A chat partition's mask file (format v1's optional extension, docs/chat.md): the bytes the
     manifest names, a 1-D uint8 array of 0 and 1 with one value per token."""
     where = f"partition {entry.index}: {entry.mask_file}"
-    problems = []
-    if mask.sha256 != entry.mask_sha256:
-        problems.append(f"{where}: sha256 {mask.sha256[:12]}… != manifest's {str(entry.mask_sha256)[:12]}… "
-                        "(the file changed after the run)")
+    problems = _as_named(where, mask, sha256=entry.mask_sha256)
     if mask.header_problem:
-        return problems + [f"{where}: {mask.header_problem}"]
+        return problems
     if mask.dtype != "|u1" or len(mask.shape) != 1 or mask.fortran_order:
         return problems + [f"{where}: {mask.dtype} {mask.shape}, expected a 1-D uint8 array"]
     if mask.shape[0] != entry.tokens:
