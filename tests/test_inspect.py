@@ -153,3 +153,26 @@ def test_empty_run_plot_is_refused(run, tmp_path):
     stats.docs = 0
     with pytest.raises(UserError, match=r"holds no documents: nothing to plot"):
         plot_lengths(stats, str(tmp_path / "x.png"))
+
+
+def test_each_inputs_footer_is_parsed_once_not_per_partition(run, capsys, monkeypatch):
+    """An input's footer grows with its row groups; parsed again for every partition, inspect's
+    time per partition grew with them (the scale rehearsal, docs/scaling.md). Kept, it is parsed
+    once for the run's one input however many partitions read from it."""
+    import pyarrow.parquet as pq
+
+    from tokenshards.inspect import stats
+
+    parsed = []
+
+    class Counting(pq.ParquetFile):
+        def __init__(self, source, *args, metadata=None, **kwargs):
+            if metadata is None:
+                parsed.append(source)
+            super().__init__(source, *args, metadata=metadata, **kwargs)
+
+    monkeypatch.setattr(stats.pq, "ParquetFile", Counting)
+    text = _printed(capsys, ["inspect", str(run["out"])])
+    partitions = len(json.loads((run["out"] / "manifest.json").read_text())["partitions"])
+    assert partitions > 2 and "languages" in text
+    assert len(parsed) == 1, (len(parsed), partitions)

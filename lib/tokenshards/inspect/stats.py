@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import posixpath
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -158,11 +158,29 @@ def _group(languages: np.ndarray, lengths: np.ndarray):
 class _InputCache:
     """Row-group offsets per input (one footer read each), and why an input gave no languages."""
 
+    FOOTERS = 8
+    """Parsed footers kept, the most recently used: partitions come in input order, a few at a time,
+    so each footer is parsed about once; an input's footer grows with its row groups, and parsing it
+    again for every partition made inspect's time per partition grow with them (docs/scaling.md)."""
+
     def __init__(self, storage_options: dict | None, column: str):
         self.storage_options = storage_options
         self.column = column
         self._lock = threading.Lock()
         self._meta: dict[str, tuple[list[int], bool] | str] = {}
+        self._footers: OrderedDict[str, pq.FileMetaData] = OrderedDict()
+
+    def _footer(self, url: str, f) -> pq.FileMetaData:
+        with self._lock:
+            if url in self._footers:
+                self._footers.move_to_end(url)
+                return self._footers[url]
+        meta = pq.ParquetFile(f).metadata
+        with self._lock:
+            self._footers[url] = meta
+            while len(self._footers) > self.FOOTERS:
+                self._footers.popitem(last=False)
+        return meta
 
     def _metadata(self, url: str) -> tuple[list[int], bool] | str:
         with self._lock:
@@ -171,7 +189,7 @@ class _InputCache:
         try:
             fs, path = filesystem(url, self.storage_options)
             with fs.open(path, "rb") as f:
-                meta = pq.ParquetFile(f).metadata
+                meta = self._footer(url, f)
             offsets = [0]
             for i in range(meta.num_row_groups):
                 offsets.append(offsets[-1] + meta.row_group(i).num_rows)
@@ -195,7 +213,8 @@ class _InputCache:
         try:
             fs, path = filesystem(url, self.storage_options)
             with fs.open(path, "rb") as f:
-                column = pq.ParquetFile(f).read_row_groups(list(range(first, stop)), columns=[self.column]).column(0)
+                column = pq.ParquetFile(f, metadata=self._footer(url, f)).read_row_groups(
+                    list(range(first, stop)), columns=[self.column]).column(0)
         except (UserError, OSError, pa.ArrowException) as e:
             return None, f"input {url} is unreadable ({type(e).__name__})"
         if len(column) != offsets[stop] - offsets[first]:
