@@ -131,6 +131,32 @@ def test_ids_equal_apply_chat_template(folders, name):
         assert len(row.mask) == len(row.ids) and set(row.mask.tolist()) <= {0, 1}
 
 
+def test_a_chat_template_jinja_file_is_the_template(folders, tmp_path):
+    """Newer tokenizers keep their template in ``chat_template.jinja``, which transformers prefers to
+    the config's ``chat_template``: the run takes the same one, records the file, and its ids and
+    masks equal ``AutoTokenizer.from_pretrained(folder)``'s."""
+    from transformers import AutoTokenizer
+
+    from tokenshards.encoding import registry
+
+    source, folder = folders["qwen3-generation"], tmp_path / "jinja"
+    folder.mkdir()
+    shutil.copy(source / "tokenizer.json", folder / "tokenizer.json")
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (folder / "chat_template.jinja").write_text(config.pop("chat_template"))
+    config["chat_template"] = "{{ 'not this one' }}"  # the file's wins, as in transformers
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    loaded = registry.load(str(folder))
+    assert [f.name for f in loaded.files] == ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+    ct = chat.build(loaded.payload, loaded.extra, name="jinja")
+    ref = AutoTokenizer.from_pretrained(folder)
+    assert ct.template == ref.chat_template
+    for conversation in CONVERSATIONS:
+        row = ct.encode(chat.messages_of(conversation))
+        want = ref.apply_chat_template(conversation, tokenize=True, return_dict=True, sanitize_control_tokens=True)
+        assert row.ids.tolist() == list(want["input_ids"])
+
+
 def test_masks_equal_transformers_where_the_template_marks_generations(folders):
     ct = template(folders, "qwen3-generation")
     assert ct.rule == "generation"

@@ -73,8 +73,8 @@ def template_of(config: dict, *, name: str) -> str:
         template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
     if not isinstance(template, str) or not template.strip():
         raise UserError(f"--chat-column needs a tokenizer with a chat template: --encoding {name}'s "
-                        "tokenizer_config.json has no chat_template; pass a Hugging Face tokenizer folder or repo "
-                        "whose tokenizer_config.json has one")
+                        "tokenizer_config.json has no chat_template and no chat_template.jinja is beside it; pass a "
+                        "Hugging Face tokenizer folder or repo that has one")
     return template
 
 

@@ -152,8 +152,13 @@ class HFReference:
         return flat_ids([encode(text, add_special_tokens=False).ids for text in texts], len(texts))
 
 
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+"""Where newer tokenizers keep their chat template, beside ``tokenizer_config.json``; transformers
+gives it priority over the config's ``chat_template`` (``PreTrainedTokenizerBase.from_pretrained``)."""
+
+
 def load_folder(folder: Path, *, name: str, source: str) -> HFTokenizer:
-    """``tokenizer.json`` (+ ``tokenizer_config.json`` when present) of a folder."""
+    """``tokenizer.json`` (+ ``tokenizer_config.json`` and ``chat_template.jinja`` when present) of a folder."""
     return load_file(folder / "tokenizer.json", name=name, source=source)
 
 
@@ -176,6 +181,15 @@ def load_file(path: Path, *, name: str, source: str) -> HFTokenizer:
                         f"models use ({' and '.join(SUPPORTED_MODELS)} models), not BERT-style WordPiece or WordLevel")
     if not isinstance(config, dict):
         raise UserError(f"{config_path}: not a JSON object; {fix}")
+    template_path = path.with_name(CHAT_TEMPLATE_FILE)
+    if template_path.is_file():  # as transformers loads it: the file's template is the default one
+        data = read_file(template_path, "chat template", fix=fix)
+        try:
+            config = {**config, "chat_template": data.decode("utf-8")}
+        except UnicodeDecodeError as e:
+            raise UserError(f"{template_path}: not UTF-8 text ({e}); {fix}") from e
+        files.append(SourceFile(name=template_path.name, sha256=sha256(data)))
+        extra = json.dumps(config, ensure_ascii=False).encode()  # what the run records and ships: one config
     loaded = HFTokenizer(name=name, source=source, files=tuple(files), payload=payload, extra=extra)
     loaded._json = spec  # parsed once here (~0.3 s for Qwen3's 11 MB), not again by the properties
     try:

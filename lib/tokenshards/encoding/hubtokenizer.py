@@ -19,7 +19,8 @@ from typing import Callable, TypeVar
 
 from ..errors import UserError
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "chat_template.jinja")
 """What a tokenizer is made of on the Hub (at the repo's root); whichever exist are fetched."""
 VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model")
 """At least one must exist: the others only configure a vocabulary."""
