@@ -395,3 +395,20 @@ def test_verify_checks_the_mask_file(chat_run, cluster, tmp_path, capsys):
     mask.write_bytes(bytes(raw))
     assert main(["verify", str(copy), "--scheduler", cluster.scheduler_address, "--progress", "none"]) != 0
     assert f"{mask.relative_to(copy)}: sha256" in capsys.readouterr().out
+
+
+def test_a_mixture_of_a_chat_run_and_a_text_run_is_refused_in_one_line(chat_run, cluster, folders, tmp_path, capsys):
+    """A text run of the same tokenizer, with the same boundaries (none), still has no assistant
+    mask: mixing it with a chat run is refused on the client, before any work, in one line."""
+    pq.write_table(pa.table({"text": ["plain text, no conversation", "more plain text 🙂"]}), tmp_path / "t.parquet")
+    text_run = tmp_path / "text-run"
+    assert main(["tokenize", "--input", str(tmp_path / "t.parquet"), "--out", str(text_run), "--encoding",
+                 str(folders["qwen3-generation"]), "--boundary", "none", "--scheduler", cluster.scheduler_address,
+                 "--progress", "none"]) == 0
+    capsys.readouterr()
+    code = main(["export", str(chat_run["out"]), str(text_run), "--format", "npy", "--to", str(tmp_path / "mix"),
+                 "--val-tokens", "0", "--scheduler", cluster.scheduler_address, "--progress", "none"])
+    err = errors(capsys)
+    assert code == 2 and len(err) == 1, err
+    assert "is a chat run" in err[0] and str(text_run) in err[0] and "mix chat runs with chat runs" in err[0]
+    assert not (tmp_path / "mix").exists() or not any((tmp_path / "mix").iterdir())

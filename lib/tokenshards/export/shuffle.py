@@ -29,7 +29,7 @@ from distributed import Client
 from ..cluster import runner
 from ..errors import UserError
 from ..format.export_record import SHUFFLED, ExportSource, Order
-from ..format.reader import PartitionFiles, open_manifest
+from ..format.reader import PartitionFiles, has_masks, open_manifest
 from ..format.v1 import Manifest, PartitionEntry
 from ..storage.hub.cache import free_bytes
 from ..storage.store import check_bucket, filesystem, is_local
@@ -317,6 +317,10 @@ def open_runs(config) -> list[Run]:
             if ours != theirs:
                 raise UserError(f"{first.path} and {run.path} differ in {key} ({ours} vs {theirs}); "
                                 "mix only runs tokenized with the same encoding and --eot")
+        if has_masks(first.manifest) != has_masks(run.manifest):
+            chat, text = (first, run) if has_masks(first.manifest) else (run, first)
+            raise UserError(f"{chat.path} is a chat run (an assistant mask per token) and {text.path} is not; "
+                            "mix chat runs with chat runs, or export each alone")
     return runs
 
 
