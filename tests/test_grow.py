@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from readback import expected_tokens, read_documents
 from test_export import WORDS, expected_split, flat
-from test_s3 import download, upload
+from conftest import download
+from test_s3 import upload
 
 from tokenshards.errors import InputChanged, OutputConflict
 from tokenshards.export import ExportConfig, run_export
@@ -275,10 +276,10 @@ def test_growth_on_s3(s3, corpus, scratch, cluster, tmp_path):  # noqa: F811
         return run_tokenize(config, announce=lambda m: None)
 
     run(STEPS[0], add=True)  # --add on an empty OUT: its first run, so one command serves every step
-    download(s3, f"{bucket}/run", tmp_path / "one")
+    download(s3.fs(), f"{bucket}/run", tmp_path / "one")
     assert data_files(snapshot(tmp_path / "one")) == data_files(snapshot(scratch[0]))
     run(STEPS[1], add=True)
-    download(s3, f"{bucket}/run", tmp_path / "two")
+    download(s3.fs(), f"{bucket}/run", tmp_path / "two")
     one, two = snapshot(tmp_path / "one"), snapshot(tmp_path / "two")
     assert {k: two[k] for k in one if k.startswith("parts/")} == {k: v for k, v in one.items() if k.startswith("parts/")}
     assert data_files(two) == data_files(snapshot(scratch[1]))
@@ -291,13 +292,13 @@ def test_growth_on_s3(s3, corpus, scratch, cluster, tmp_path):  # noqa: F811
     fs.pipe_file(f"{bucket}/run/manifest.json", one["manifest.json"])
     fs.rm([f"{bucket}/run/parts/part-{i:05d}.done.json" for i in new[::2]])
     run(STEPS[1], add=True)
-    download(s3, f"{bucket}/run", tmp_path / "again")
+    download(s3.fs(), f"{bucket}/run", tmp_path / "again")
     assert snapshot(tmp_path / "again") == two
     # An input changed in the bucket since it was added: refused, nothing written.
     s3.fs().pipe_file(f"{bucket}/in/a0.parquet", (corpus["folder"] / "a1.parquet").read_bytes())
     with pytest.raises(InputChanged, match=r"s3://.*/in/a0.parquet changed since it was added"):
         run(("a0", "c0"), add=True)
-    download(s3, f"{bucket}/run", tmp_path / "three")
+    download(s3.fs(), f"{bucket}/run", tmp_path / "three")
     assert snapshot(tmp_path / "three") == two
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import download
 from readback import expected_tokens, read_documents
 from s3server import REGION, S3Server, free_port, start_moto
 
@@ -57,17 +58,6 @@ def upload(s3: S3Server, local: Path, bucket: str, prefix: str) -> None:
     fs = s3.fs()
     for path in sorted(local.iterdir()):
         fs.put_file(str(path), f"{bucket}/{prefix}/{path.name}")
-
-
-def download(s3: S3Server, prefix: str, dest: Path) -> list[str]:
-    """Every object under ``bucket/prefix`` into ``dest``; returns their keys relative to the prefix."""
-    fs = s3.fs()
-    keys = sorted(fs.find(prefix))
-    for key in keys:
-        target = dest / key[len(prefix) + 1:]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(fs.cat_file(key))
-    return [k[len(prefix) + 1:] for k in keys]
 
 
 def check_against_tiktoken(out: Path, texts: dict[str, list[str | None]], enc, *, n_docs: int | None = None) -> None:
@@ -207,7 +197,7 @@ def test_s3_to_s3_then_a_rerun_resumes(s3, cluster, corpus, gpt2, tmp_path):
     config = s3_config(s3, cluster, [f"s3://{corpus['bucket']}/fineweb/*.parquet"], f"s3://{out_bucket}/tokens/run1")
     first = run_tokenize(config, announce=lambda m: None)
     assert first.partitions > 4
-    keys = download(s3, f"{out_bucket}/tokens/run1", tmp_path / "first")
+    keys = download(s3.fs(), f"{out_bucket}/tokens/run1", tmp_path / "first")
     check_against_tiktoken(tmp_path / "first", corpus["texts"], gpt2)
     manifest = json.loads((tmp_path / "first" / "manifest.json").read_text())
     assert [i["path"] for i in manifest["inputs"]] == [f"s3://{corpus['bucket']}/fineweb/a.parquet",
@@ -227,7 +217,7 @@ def test_s3_to_s3_then_a_rerun_resumes(s3, cluster, corpus, gpt2, tmp_path):
     again = run_tokenize(config, announce=notes.append)
     assert again.skipped_partitions == first.partitions - 2
     assert any(f"{first.partitions - 2} already committed" in n for n in notes)
-    assert download(s3, run, tmp_path / "again") == keys
+    assert download(s3.fs(), run, tmp_path / "again") == keys
     for key in keys:
         if key != "manifest.json":
             assert (tmp_path / "first" / key).read_bytes() == (tmp_path / "again" / key).read_bytes(), key
@@ -238,7 +228,7 @@ def test_local_to_s3_and_s3_to_local_give_identical_parts(s3, cluster, corpus, g
     out_bucket = s3.make_bucket()
     run_tokenize(s3_config(s3, cluster, [str(corpus["local"] / "*.parquet")], f"s3://{out_bucket}/from-local"),
                  announce=lambda m: None)
-    download(s3, f"{out_bucket}/from-local", tmp_path / "from-local")
+    download(s3.fs(), f"{out_bucket}/from-local", tmp_path / "from-local")
     check_against_tiktoken(tmp_path / "from-local", corpus["texts"], gpt2)
 
     run_tokenize(s3_config(s3, cluster, [f"s3://{corpus['bucket']}/fineweb/"], str(tmp_path / "to-local")),
@@ -402,7 +392,7 @@ def test_worker_killed_mid_upload_leaves_nothing_committed_and_a_rerun_completes
             proc.kill()
             proc.wait()
 
-    download(s3, f"{bucket}/out", tmp_path / "out")
+    download(s3.fs(), f"{bucket}/out", tmp_path / "out")
     docs = read_documents(tmp_path / "out")
     expected_big = {t: expected_tokens(cl100k, t) for t in set(big)}
     for (path, row), (_, tokens) in docs.items():
