@@ -26,7 +26,7 @@ from ..errors import UserError
 from ..wording import brief
 from .boundaries import Boundaries
 from .ranks import dump_ranks, load_trained
-from .records import EncodingSpec, SourceFile, TiktokenParams, token_dtype
+from .records import EncodingSpec, SourceFile, TiktokenParams, cache_root, token_dtype
 
 # Genuine copies of OpenAI's rank files shipped inside PyPI packages, keyed by the URL that
 # tiktoken's own constructors read. tiktoken checks them against its sha256 pins as usual.
@@ -193,13 +193,9 @@ def _tiktoken_cache_dir(path: Path):
             os.environ["TIKTOKEN_CACHE_DIR"] = old
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenshards"
-
-
 def prepare_offline_cache(name: str) -> Path:
     """A tiktoken cache folder filled from the packaged copies (file name: sha1 of the URL)."""
-    cache = _cache_root() / "tiktoken"
+    cache = cache_root() / "tiktoken"
     cache.mkdir(parents=True, exist_ok=True)
     for url, (module, relpath) in OFFLINE_COPIES[name].items():
         spec = importlib.util.find_spec(module)
@@ -278,7 +274,7 @@ def _parsed_path(name: str) -> Path:
     """Where tiktoken's own encodings are kept parsed: their ranks are pinned by sha256 in
     tiktoken's code, so the name and tiktoken's version say what the file must hold."""
     version = importlib.metadata.version("tiktoken")
-    return _cache_root() / "parsed" / f"{name}-tiktoken-{version}.json"
+    return cache_root() / "parsed" / f"{name}-tiktoken-{version}.json"
 
 
 def _read_parsed(name: str) -> TiktokenParams | None:

@@ -5,11 +5,18 @@ worker plugin can import it without importing one another.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import tiktoken
+
+
+def cache_root() -> Path:
+    """Where tokenshards keeps what it derives once per machine (parsed ranks, converted tokenizers)."""
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tokenshards"
 
 
 def token_dtype(n_vocab: int) -> str:

@@ -19,11 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
 
 import tiktoken
 
 from ..errors import UserError
+from .records import cache_root
 from .patterns import onig_pattern
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -185,7 +185,7 @@ def kept_tokenizer_json(mergeable_ranks: dict[bytes, int], pat_str: str) -> str:
     for token, rank in mergeable_ranks.items():  # length-prefixed: no two rank sets hash alike
         digest.update(len(token).to_bytes(2, "little") + token + rank.to_bytes(4, "little"))
     key = digest.hexdigest()
-    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tokenshards" / "tokenizer-json"
+    folder = cache_root() / "tokenizer-json"
     for path in folder.glob(f"{key}-*.json"):
         try:
             data = path.read_bytes()
