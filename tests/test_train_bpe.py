@@ -443,6 +443,8 @@ def test_cli_trains_and_prints_summary(corpus, cluster, tmp_path):
     (["--out", "x.bpe"], "tokenshards: error: --out 'x.bpe' must end in .tiktoken"),
     (["--out", "OUT/x.tiktoken", "--vocab-size", "100"], "tokenshards: error: --vocab-size 100 is too small"),
     (["--out", "OUT/x.tiktoken", "--pattern", "(?<"], "tokenshards: error: --pattern '(?<' is neither gpt2 nor cl100k"),
+    (["--out", "OUT/x.tiktoken", "--pattern", "cl100k", "--merger", "gigatoken"],
+     "tokenshards: error: --merger gigatoken needs --pattern gpt2"),
 ])
 def test_cli_mistakes_are_one_line(corpus, tmp_path, capsys, args, message):
     """In-process ``main``: the same code path as the command, without paying for a new interpreter."""

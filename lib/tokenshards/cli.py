@@ -297,6 +297,10 @@ def _add_train_bpe(sub) -> None:
     p.add_argument("--sample-bytes", type=_byte_count, metavar="N",
                    help="count only about N bytes of text: whole partitions spread evenly over the corpus (e.g. 2G)")
     p.add_argument("--min-count", type=int, default=1, help="drop pre-tokens seen fewer times (default 1: keep all)")
+    p.add_argument("--merger", default="auto", choices=["auto", "gigatoken", "python"],
+                   help="what merges the counts on the client: gigatoken (Rust, all cores; --pattern gpt2 only) or "
+                        "the Python loop (one core); auto (default): gigatoken when it applies and is installed. "
+                        "They break ties differently (BpeTrainer's rule vs the greater byte pair)")
     p.add_argument("--text-column", default="text")
     _add_on_bad_file_argument(p, "recorded in the sidecar FILE.tiktoken.json")
     _add_cluster_arguments(p, job="tokenshards.bpe.train")
@@ -312,7 +316,7 @@ def _run_train_bpe(args) -> int:
 
     config = TrainBpeConfig(
         out=args.out, vocab_size=args.vocab_size, specials=tuple(args.special), pattern=args.pattern,
-        sample_bytes=args.sample_bytes, min_count=args.min_count, on_bad_file=args.on_bad_file,
+        sample_bytes=args.sample_bytes, min_count=args.min_count, on_bad_file=args.on_bad_file, merger=args.merger,
         **_corpus_options(args), **_run_options(args),
     )
     return _print_lines(run_train_bpe(config, announce=_say))

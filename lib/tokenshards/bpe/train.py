@@ -1,8 +1,10 @@
 """train-bpe: count pre-tokens on the cluster, merge on the client, check, write.
 
 The two halves have opposite shapes: counting is a Dask job over the same partitions that
-``tokenize`` plans; merging is one sequential loop (``merge.train_merges``) made fast by its
-data structures. The result is checked (``ranks.problems``, round trips) before it is written.
+``tokenize`` plans; merging runs on the client: for the GPT-2 pattern, gigatoken's Rust trainer on
+the counts (``gigamerge``, all cores) when it is installed and splits the pre-tokens as counted;
+otherwise one sequential Python loop (``merge.train_merges``) made fast by its data structures.
+The result is checked (``ranks.problems``, round trips) before it is written.
 """
 from __future__ import annotations
 
@@ -26,8 +28,11 @@ from ..encoding import tojson
 from ..encoding.records import TiktokenParams
 from ..storage.store import filesystem, is_local, write_atomic
 from ..wording import counted as counted_as, human
+from . import gigamerge
 from .count import Counted, count_on_cluster, resolve_pattern
-from .merge import train_merges
+from .merge import MergeResult, train_merges
+
+MERGERS = ("auto", "gigatoken", "python")
 
 @dataclass(frozen=True, kw_only=True)
 class TrainBpeConfig(RunOptions):
@@ -57,6 +62,10 @@ class TrainBpeConfig(RunOptions):
     on_bad_file: str = "fail"
     """An unreadable file or partition, or text that is not UTF-8, fails the run, or (``skip``) is
     left out of the count, said, and recorded in the sidecar, as in ``tokenize``."""
+    merger: str = "auto"
+    """``auto``: gigatoken for ``--pattern gpt2`` when installed (and when it splits the counted
+    pre-tokens as they were counted), else the Python loop; ``gigatoken`` or ``python`` to insist.
+    The two break ties differently, so they may give different files from the same text."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -69,6 +78,11 @@ class TrainBpeConfig(RunOptions):
             raise UserError(f"--vocab-size {self.vocab_size} is too small: it counts the 256 single bytes and the "
                             f"{len(self.special_tokens)} special tokens; pass at least {256 + len(self.special_tokens)}")
         check_on_bad_file(self.on_bad_file)
+        if self.merger not in MERGERS:
+            raise UserError(f"--merger {self.merger!r} not supported, expected one of {', '.join(MERGERS)}")
+        if self.merger == "gigatoken" and self.pattern != "gpt2":
+            raise UserError(f"--merger gigatoken needs --pattern gpt2 (gigatoken splits with its own GPT-2 "
+                            f"pre-tokenizer), not {self.pattern!r}; use --merger auto or python")
         if self.min_count < 1:
             raise UserError(f"--min-count {self.min_count} must be at least 1")
         if self.sample_bytes is not None and self.sample_bytes < 1:
@@ -106,6 +120,8 @@ class TrainSummary:
     seconds: float
     heldout_bytes: int
     heldout_tokens: int
+    merger: str = "python"
+    """What merged: ``gigatoken X.Y.Z`` or ``python``."""
     hf_folder: str | None = None
     """Where tokenizer.json + tokenizer_config.json went; None when they could not be made."""
     hf_problem: str | None = None
@@ -123,7 +139,7 @@ class TrainSummary:
             + (f", {self.duplicates} repeating an existing token" if self.duplicates else "") + ")",
             f"      corpus {human(self.corpus_bytes)}B in {self.docs:,} documents, {self.partitions} partitions, "
             f"{self.unique_pretokens:,} unique pre-tokens",
-            f"      time: counting {self.count_seconds:.1f} s, merging {self.merge_seconds:.1f} s, "
+            f"      time: counting {self.count_seconds:.1f} s, merging {self.merge_seconds:.1f} s ({self.merger}), "
             f"checking+writing {self.check_seconds:.1f} s, total {self.seconds:.1f} s",
             f"      compression: {compression}",
             (f"      Hugging Face: {self.hf_folder}/ (tokenizer.json + tokenizer_config.json; "
@@ -193,6 +209,37 @@ def _announce_skipped(counted: Counted, *, announce: Callable[[str], None]) -> N
         announce(f"skipped {counted_as(counted.skipped_invalid, 'row')} whose text is not valid UTF-8")
 
 
+def _merge(table, *, n_ranks: int, pattern_name: str, config: TrainBpeConfig,
+           announce: Callable[[str], None]) -> tuple[MergeResult, dict]:
+    """(the merges, the sidecar's ``training.merger`` record): gigatoken when it may, else the Python loop."""
+    if config.merger != "python" and pattern_name == "gpt2":
+        if gigamerge.version() is not None:
+            announce(f"merging with {gigamerge.version()} (Rust, all cores; no progress until it is done)")
+        outcome = gigamerge.merge_counted(table, n_ranks=n_ranks)
+        if outcome.result is not None:
+            record = {"name": "gigatoken", "version": gigamerge.version().split()[-1], "ties": "huggingface"}
+            if outcome.resplit:
+                announce(f"merging: gigatoken cut {outcome.resplit:,} pre-tokens differently from the count "
+                         f"({outcome.resplit_occurrences:,} occurrences), counted its way")
+                record |= {"resplit_pretokens": outcome.resplit, "resplit_occurrences": outcome.resplit_occurrences}
+            return outcome.result, record
+        if config.merger == "gigatoken":
+            raise UserError(f"--merger gigatoken: {outcome.why_not}; use --merger auto to merge in Python instead")
+        announce(f"merging in Python, on one core: {outcome.why_not}")
+
+    merging = Progress(n_ranks - 256, mode=config.progress, unit="merges", amount=None, label="merging: ")
+
+    def on_merge(size: int, target: int) -> None:
+        merging.update(items=size - 256 - merging.done)
+
+    words = zip(table.column("pretoken").to_pylist(), table.column("count").to_pylist())
+    try:
+        result = train_merges(words, n_ranks=n_ranks, on_progress=on_merge)
+    finally:
+        merging.close()
+    return result, {"name": "python", "ties": "greatest byte pair"}
+
+
 def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = print) -> TrainSummary:
     """Train, check and write a vocabulary; raises ``UserError`` for anything the user can fix."""
     t0 = time.perf_counter()
@@ -204,6 +251,9 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks={bytes([b]): b for b in range(256)}, special_tokens={})
     except ValueError as e:
         raise UserError(f"--pattern: tiktoken cannot compile {pat_str!r} ({e}); use gpt2, cl100k or a regex it accepts") from e
+    if config.merger == "gigatoken" and gigamerge.version() is None:
+        raise UserError("--merger gigatoken: gigatoken is not installed; pip install 'tokenshards[fast]', "
+                        "or use --merger auto")
     sources = find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
     # Downloads first (no overlap): nothing of it runs in the background for ``close`` to stop.
@@ -238,16 +288,7 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
     announce(f"counted {human(counted.text_bytes)}B in {counted.docs:,} documents: {unique:,} unique pre-tokens"
              + (f" seen at least {config.min_count} times" if config.min_count > 1 else "") + f" ({count_seconds:.1f} s)")
 
-    merging = Progress(n_ranks - 256, mode=config.progress, unit="merges", amount=None, label="merging: ")
-
-    def on_merge(size: int, target: int) -> None:
-        merging.update(items=size - 256 - merging.done)
-
-    words = zip(counted.table.column("pretoken").to_pylist(), counted.table.column("count").to_pylist())
-    try:
-        result = train_merges(words, n_ranks=n_ranks, on_progress=on_merge)
-    finally:
-        merging.close()
+    result, merger = _merge(counted.table, n_ranks=n_ranks, pattern_name=pattern_name, config=config, announce=announce)
     if result.exhausted:
         announce(f"merging: stopped at {len(result.ranks):,} ranks: no pair left")
 
@@ -268,10 +309,11 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         partitions=len(chosen), unique_pretokens=unique, merges=len(result.merges), duplicates=result.duplicates,
         exhausted=result.exhausted, count_seconds=count_seconds, merge_seconds=result.seconds,
         check_seconds=0.0, seconds=0.0, heldout_bytes=heldout_bytes, heldout_tokens=heldout_tokens,
+        merger=merger["name"] if merger["name"] == "python" else f"{merger['name']} {merger['version']}",
     )
     stats = {"corpus_bytes": summary.corpus_bytes, "docs": summary.docs, "partitions": summary.partitions,
              "unique_pretokens": unique, "min_count": config.min_count, "merges": summary.merges,
-             "heldout_bytes": heldout_bytes, "heldout_tokens": heldout_tokens,
+             "heldout_bytes": heldout_bytes, "heldout_tokens": heldout_tokens, "merger": merger,
              "inputs": [f.url for f in files]}
     if corpus.unreadable or counted.unreadable or counted.skipped_invalid:  # only under --on-bad-file skip
         stats["skipped"] = {"inputs": [{"url": b.url, "reason": b.reason} for b in corpus.unreadable],
