@@ -134,9 +134,14 @@ def _add_tokenize(sub) -> None:
                    help="rows are conversations: a column of lists of {role, content} (or that list as JSON text), "
                         "rendered through the tokenizer's chat template, with a mask of the assistant's tokens "
                         "(Hugging Face tokenizers with a chat_template; docs/chat.md)")
+    p.add_argument("--tools-column", metavar="COLUMN", default="auto",
+                   help="with --chat-column: a column of each row's tools (a list of JSON-schema function "
+                        "definitions, or that list as JSON text), passed to the chat template as "
+                        "apply_chat_template(messages, tools=...) (default: a column named tools where an input has "
+                        "one, as TRL's SFTTrainer reads it; none: no tools)")
     p.add_argument("--on-bad-row", default="fail", choices=["fail", "skip"],
-                   help="with --chat-column: a row whose messages are malformed (not a list, an unknown role, "
-                        "content that is not a string) fails the job (default) or is skipped, said and counted "
+                   help="with --chat-column: a row whose messages or tools are malformed (not a list, an unknown "
+                        "role, content that is not a string) fails the job (default) or is skipped, said and counted "
                         "per reason in the manifest")
     p.add_argument("--id-column", help="column of document ids (default: `id` when present, else FILE:ROW)")
     p.add_argument("--partition-mb", type=float, default=None,
@@ -213,6 +218,7 @@ def _run_tokenize(args) -> int:
         boundary=args.boundary,
         id_column=args.id_column, on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite,
         add=args.add, report=args.report, chat_column=args.chat_column, on_bad_row=args.on_bad_row,
+        tools_column=args.tools_column,
         **_corpus_options(args), **_run_options(args),
     )
     return _print_lines(run_tokenize_each(config, announce=_say, started=_process_started()))

@@ -26,15 +26,18 @@ FRAME_META = pd.DataFrame({
 })
 
 
-def read_piece(piece: Piece, *, text_column: str, storage_options: dict, on_bad_file: str = "fail") -> pd.DataFrame:
-    """The piece's rows as (row, id, text); ids are None when the source has no id column.
+def read_piece(piece: Piece, *, text_column: str, storage_options: dict, on_bad_file: str = "fail",
+               tools: tuple[str, bool] | None = None) -> pd.DataFrame:
+    """The piece's rows as (row, id, text); ids are None when the source has no id column. A chat
+    run's ``tools`` (column, required) adds a ``tools`` column (``piece_tools``) where the input
+    has that column; a required one it lacks is an ``InputError``.
 
     With ``on_bad_file="skip"`` an unreadable piece becomes one row whose ``text`` is null and
     whose ``id`` says why (``UNREADABLE`` marks it): the task then commits nothing for it.
     """
     read_at = time.time()
     try:
-        frame = _read_piece(piece, text_column=text_column, storage_options=storage_options)
+        frame = _read_piece(piece, text_column=text_column, storage_options=storage_options, tools=tools)
     except InputError as e:
         if on_bad_file != "skip":
             raise
@@ -79,15 +82,20 @@ def _check_unchanged(fs, path: str, piece: Piece) -> None:
                            f"{piece.index} mixed old and new content; rerun once the input is final")
 
 
-def _read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.DataFrame:
+def _read_piece(piece: Piece, *, text_column: str, storage_options: dict,
+                tools: tuple[str, bool] | None = None) -> pd.DataFrame:
     fs, path = filesystem(piece.input, storage_options)
     columns = [text_column] + ([piece.id_column] if piece.id_column and piece.id_column != text_column else [])
+    tools_column = None
     _check_unchanged(fs, path, piece)
     try:
         with fs.open(path, "rb") as f:
             # One thread per worker process already fills every core: Arrow's own pool and
             # pre-buffering would only add CPU (~40% of the read time measured here).
             parquet = WORKER_FOOTERS.open(f, piece.input, piece.identity, pre_buffer=False)
+            if tools is not None:
+                tools_column = _tools_column(parquet.schema_arrow.names, piece, *tools)
+                columns += [tools_column] if tools_column and tools_column not in columns else []
             table = parquet.read_row_groups(list(range(*piece.row_groups)), columns=columns, use_threads=False)
     except (pa.ArrowException, OSError) as e:
         _check_unchanged(fs, path, piece)  # a replaced file is not an unreadable one
@@ -106,7 +114,34 @@ def _read_piece(piece: Piece, *, text_column: str, storage_options: dict) -> pd.
     ids = table.column(piece.id_column).cast(pa.string()) if piece.id_column else pa.nulls(len(text), pa.string())
     rows = np.arange(piece.first_row, piece.first_row + piece.rows, dtype=np.int64)
     frame = frame_of(FRAME_META, [rows, pd.arrays.ArrowExtensionArray(ids), pd.arrays.ArrowExtensionArray(text)])
+    if tools_column is not None:
+        chat_tools = table.column(tools_column)
+        frame[TOOLS] = pd.arrays.ArrowExtensionArray(chat_tools)  # a column: it travels when the frame does
+        object.__setattr__(frame, KEPT_TOOLS, chat_tools)
     return keep_columns(frame, (rows, ids, text))
+
+
+TOOLS = "tools"
+"""The frame's column of a chat run's tools, when its input has them."""
+KEPT_TOOLS = "_tokenshards_tools"
+"""The same, kept as the Arrow array it was read as (as ``KEPT_COLUMNS``)."""
+
+
+def _tools_column(names: list[str], piece: Piece, column: str, required: bool) -> str | None:
+    if column in names:
+        return column
+    if required:
+        raise InputError(f"{piece.input}: no tools column {column!r}; columns are {', '.join(names)}; pass "
+                         "--tools-column NAME, or --tools-column none for conversations without tools")
+    return None
+
+
+def piece_tools(frame: pd.DataFrame) -> pa.Array | pa.ChunkedArray | None:
+    """A chat run's tools of the frame's rows (``read_piece``), or None: its input has no tools column."""
+    kept = frame.__dict__.get(KEPT_TOOLS)
+    if kept is not None:
+        return kept
+    return pa.array(frame[TOOLS]) if TOOLS in frame.columns else None
 
 
 KEPT_COLUMNS = "_tokenshards_columns"

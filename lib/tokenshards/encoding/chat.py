@@ -17,6 +17,11 @@ built from the run's ``tokenizer.json`` + ``tokenizer_config.json``), so ids equ
   first end-of-turn token the template writes after it (``tokenizer_config.json``'s
   ``eos_token``: Qwen's ``<|im_end|>``, Llama 3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``).
   A row where the whole rendering does not start with that prefix is a bad row (``unmaskable``).
+
+A row's tools (``tokenize --tools-column``: JSON-schema function definitions beside the messages,
+as TRL's ``SFTTrainer`` reads a ``tools`` column) reach the template as ``apply_chat_template(messages,
+tools=...)`` gives them: marked like the messages, the template's ``tool_use`` template chosen when
+its config names one (``get_chat_template(tools=...)``), in the prefixes of the turn rule too.
 """
 from __future__ import annotations
 
@@ -33,13 +38,17 @@ from ..errors import UserError
 
 ROLES = ("system", "user", "assistant", "tool")
 """Roles a message may have; any other is a bad row (``unknown_role``)."""
-BAD_REASONS = ("not_a_list", "not_a_message", "unknown_role", "content_not_string", "template_error", "unmaskable")
+BAD_REASONS = ("not_a_list", "not_a_message", "unknown_role", "content_not_string", "bad_tools", "template_error",
+               "unmaskable")
 """Why a row is bad, as the manifest counts them (``--on-bad-row``)."""
 FIXES = {
     "not_a_list": "the column must hold a list of {role, content} messages (or that list as JSON text)",
     "not_a_message": "each message must be an object with role and content",
     "unknown_role": f"a message's role must be one of {', '.join(ROLES)}",
-    "content_not_string": "a message's content must be a string (an empty one is fine)",
+    "content_not_string": "a message's content must be a string (an empty one is fine; an assistant message "
+                          "with tool_calls may have none)",
+    "bad_tools": "the tools column must hold a list of JSON-schema function definitions (objects), or that list as "
+                 "JSON text (null: no tools)",
     "template_error": "the chat template refused the conversation (roles out of order?)",
     "unmaskable": "the template renders earlier turns differently once a later one follows; "
                   "use a template that marks {% generation %}",
@@ -70,12 +79,51 @@ def template_of(config: dict, *, name: str) -> str:
     tokenizer without one is a one-line ``UserError``."""
     template = config.get("chat_template") if isinstance(config, dict) else None
     if isinstance(template, list):
-        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
+        template = named_template(template, "default")
     if not isinstance(template, str) or not template.strip():
         raise UserError(f"--chat-column needs a tokenizer with a chat template: --encoding {name}'s "
                         "tokenizer_config.json has no chat_template and no chat_template.jinja is beside it; pass a "
                         "Hugging Face tokenizer folder or repo that has one")
     return template
+
+
+def named_template(templates, name: str) -> str | None:
+    """One of a config's named templates (``[{name, template}, ...]``), or None."""
+    if not isinstance(templates, list):
+        return None
+    return next((t.get("template") for t in templates if isinstance(t, dict) and t.get("name") == name), None)
+
+
+def tool_template_of(config: dict) -> str | None:
+    """The ``tool_use`` template of a config that names several, which ``apply_chat_template``
+    takes for a conversation given tools (``get_chat_template``); None: the one template serves."""
+    template = named_template(config.get("chat_template") if isinstance(config, dict) else None, "tool_use")
+    return template if isinstance(template, str) and template.strip() else None
+
+
+def tools_of(value) -> list | BadRow | None:
+    """A row's tools (``--tools-column``), checked: a list of objects (JSON-schema function
+    definitions, as ``apply_chat_template(tools=...)`` takes them), or that list as JSON text, as
+    TRL's ``SFTTrainer`` reads it. None (null, empty text, JSON ``null``): the row has no tools and
+    renders as without the column. Objects are passed as they are: an Arrow struct column gives
+    every field to every object (null where a definition has none), as ``datasets`` gives them."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not value.strip():
+            return None
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return BadRow("bad_tools", "text that is not JSON")
+        if value is None:
+            return None
+    if not isinstance(value, (list, tuple)):
+        return BadRow("bad_tools", f"a {type(value).__name__}, not a list")
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict):
+            return BadRow("bad_tools", f"item {i} is a {type(tool).__name__}, not an object")
+    return list(value)
 
 
 def messages_of(value) -> list[dict] | BadRow | None:
@@ -102,10 +150,16 @@ def messages_of(value) -> list[dict] | BadRow | None:
         m = {k: v for k, v in m.items() if v is not None}
         if m.get("role") not in ROLES:
             return BadRow("unknown_role", f"message {i} has role {m.get('role')!r}")
-        if not isinstance(m.get("content"), str):
+        if not isinstance(m.get("content"), str) and not _calls_tools(m):
             return BadRow("content_not_string", f"message {i} ({m['role']}) has content {_kind(m.get('content'))}")
         messages.append(m)
     return messages
+
+
+def _calls_tools(message: dict) -> bool:
+    """An assistant message that calls tools and has no content (OpenAI's and TRL's tool-call
+    messages): the template renders its ``tool_calls``."""
+    return message["role"] == "assistant" and "content" not in message and bool(message.get("tool_calls"))
 
 
 def _kind(value) -> str:
@@ -115,7 +169,7 @@ def _kind(value) -> str:
 class ChatTemplate:
     """A tokenizer and its chat template, ready to turn conversations into ids and masks."""
 
-    def __init__(self, tokenizer, template: str):
+    def __init__(self, tokenizer, template: str, *, tool_template: str | None = None):
         from transformers.utils import chat_template_utils as ctu
 
         self.tokenizer = tokenizer
@@ -127,20 +181,25 @@ class ChatTemplate:
         self._newline = tokenizer.encode("\n", add_special_tokens=False)
         self.end_of_turn = tokenizer.eos_token
         self._kwargs = dict(tokenizer.special_tokens_map)
+        self._for_tools = ChatTemplate(tokenizer, tool_template) if tool_template and tool_template != template else None
+        """The config's ``tool_use`` template, for rows given tools."""
 
     @property
     def rule(self) -> str:
         """What the manifest records of how masks were made."""
         return "generation" if self.marks_generation else "turn"
 
-    def encode(self, messages: list[dict]) -> ChatRow | BadRow:
-        """The conversation's ids (as ``apply_chat_template(tokenize=True)`` gives them, message
-        text as ordinary text) and its assistant mask."""
+    def encode(self, messages: list[dict], tools: list[dict] | None = None) -> ChatRow | BadRow:
+        """The conversation's ids (as ``apply_chat_template(messages, tools=tools, tokenize=True)``
+        gives them, message and tool text as ordinary text) and its assistant mask."""
+        if tools is not None and self._for_tools is not None:
+            return self._for_tools.encode(messages, tools)
         marked = self._ctu.mark_control_tokens(messages, self._control_re)
+        marked_tools = self._ctu.mark_control_tokens(tools, self._control_re)
         try:
-            text, spans = self._render(marked, generation=self.marks_generation)
+            text, spans = self._render(marked, marked_tools, generation=self.marks_generation)
             if not self.marks_generation:
-                spans = self._turn_spans(marked, text)
+                spans = self._turn_spans(marked, marked_tools, text)
                 if isinstance(spans, BadRow):
                     return spans
         except TEMPLATE_ERRORS as e:  # the template's raise_exception, or a Jinja error on this conversation
@@ -148,19 +207,20 @@ class ChatTemplate:
         ids, offsets = self._encode_marked(text)
         return ChatRow(ids=np.asarray(ids, dtype=np.int64), mask=_mask(offsets, spans))
 
-    def _render(self, messages, *, generation: bool, prompt: bool = False) -> tuple[str, list]:
+    def _render(self, messages, tools, *, generation: bool, prompt: bool = False) -> tuple[str, list]:
         rendered, indices = self._ctu.render_jinja_template(
-            conversations=[messages], chat_template=self.template, return_assistant_tokens_mask=generation,
+            conversations=[messages], tools=tools, chat_template=self.template, return_assistant_tokens_mask=generation,
             add_generation_prompt=prompt, **self._kwargs)
         return rendered[0], (indices[0] if generation else [])
 
-    def _turn_spans(self, marked: list[dict], text: str) -> list[tuple[int, int]] | BadRow:
-        """The turn rule (module docstring), in the rendering's characters."""
+    def _turn_spans(self, marked: list[dict], tools, text: str) -> list[tuple[int, int]] | BadRow:
+        """The turn rule (module docstring), in the rendering's characters; each prefix rendered
+        with the row's tools, as the model is prompted."""
         spans = []
         for i, m in enumerate(marked):
             if m["role"] != "assistant":
                 continue
-            before, _ = self._render(marked[:i], generation=False, prompt=True)
+            before, _ = self._render(marked[:i], tools, generation=False, prompt=True)
             if not text.startswith(before):
                 return BadRow("unmaskable", f"message {i} (assistant): the rendering does not start with the "
                                             "conversation before it")
@@ -257,10 +317,11 @@ def build(payload: bytes, config: bytes, *, name: str) -> ChatTemplate:
     it (``AutoTokenizer.from_pretrained`` on a folder holding the two files)."""
     from transformers import AutoTokenizer
 
-    template = template_of(json.loads(config) if config else {}, name=name)
+    parsed = json.loads(config) if config else {}
+    template = template_of(parsed, name=name)
     with tempfile.TemporaryDirectory(prefix="tokenshards-chat-") as folder:
         for file, data in (("tokenizer.json", payload), ("tokenizer_config.json", config)):
             with open(os.path.join(folder, file), "wb") as f:
                 f.write(data)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    return ChatTemplate(tokenizer, template)
+    return ChatTemplate(tokenizer, template, tool_template=tool_template_of(parsed))

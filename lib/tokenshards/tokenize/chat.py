@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..encoding.chat import FIXES, BadRow, ChatTemplate, messages_of
+from ..encoding.chat import FIXES, BadRow, ChatTemplate, messages_of, tools_of
 from .core import TokenizedBatch
 
 
@@ -24,9 +24,10 @@ class ChatBatch:
     first_bad: BadRow | None = None
 
 
-def tokenize_chats(values: Sequence, template: ChatTemplate, *, dtype: str) -> ChatBatch:
-    """Each row's messages (``messages_of``) rendered and encoded by ``template``; null rows and
-    empty lists are counted as ``skipped_null``/``skipped_empty`` as text runs count them."""
+def tokenize_chats(values: Sequence, template: ChatTemplate, *, dtype: str, tools: Sequence | None = None) -> ChatBatch:
+    """Each row's messages (``messages_of``) rendered and encoded by ``template``, with the row's
+    ``tools`` (``tools_of``; None: no tools column) where given; null rows and empty lists are
+    counted as ``skipped_null``/``skipped_empty`` as text runs count them, whatever their tools."""
     ids, masks, kept, bad_positions = [], [], [], []
     bad: dict[str, int] = {}
     first_bad = None
@@ -36,7 +37,11 @@ def tokenize_chats(values: Sequence, template: ChatTemplate, *, dtype: str) -> C
         if messages is None:
             null, empty = (null + 1, empty) if value is None else (null, empty + 1)
             continue
-        row = template.encode(messages) if not isinstance(messages, BadRow) else messages
+        given = tools_of(tools[i]) if tools is not None and not isinstance(messages, BadRow) else None
+        if isinstance(messages, BadRow) or isinstance(given, BadRow):
+            row = messages if isinstance(messages, BadRow) else given
+        else:
+            row = template.encode(messages, given)
         if isinstance(row, BadRow):
             bad[row.reason] = bad.get(row.reason, 0) + 1
             bad_positions.append(i)
@@ -56,8 +61,11 @@ def tokenize_chats(values: Sequence, template: ChatTemplate, *, dtype: str) -> C
                      first_bad=first_bad)
 
 
-def bad_row_line(*, input: str, row: int, column: str, bad: BadRow, more: int = 0) -> str:
-    """The one line that names a malformed row: file, row, what is wrong, what to do."""
+def bad_row_line(*, input: str, row: int, column: str, bad: BadRow, more: int = 0, tools_column: str | None = None) -> str:
+    """The one line that names a malformed row: file, row, column (the tools column for
+    ``bad_tools``), what is wrong, what to do."""
+    if bad.reason == "bad_tools" and tools_column:
+        column = tools_column
     others = f" (and {more} more malformed rows in this partition)" if more else ""
     return (f"{input}: row {row} of column {column!r}: {bad.detail} ({bad.reason}){others}; {FIXES[bad.reason]}, "
             "or pass --on-bad-row skip to skip such rows (counted per reason in the manifest)")

@@ -13,6 +13,8 @@ from ..storage.hubspec import HubDataset
 
 EOT_POSITIONS = ("prefix", "suffix", "none")
 ON_BAD_ROW = ("fail", "skip")
+TOOLS_AUTO, TOOLS_NONE, TOOLS_DEFAULT_COLUMN = "auto", "none", "tools"
+"""``--tools-column``: its default (a ``tools`` column where an input has one), no tools, and that column's name."""
 
 @dataclass(frozen=True)
 class Output:
@@ -52,6 +54,10 @@ class TokenizeConfig(RunOptions):
     tokenizer's chat template, with an assistant mask beside the tokens (``encoding.chat``)."""
     on_bad_row: str = "fail"
     """``--on-bad-row``: a chat row whose messages are malformed fails the run, or is skipped and counted."""
+    tools_column: str = TOOLS_AUTO
+    """``--tools-column``: each chat row's tools (``encoding.chat.tools_of``) come from this column:
+    ``auto``, a column named ``tools`` where an input has one (as TRL's ``SFTTrainer`` reads it);
+    ``none``, no tools; else the column of that name, which every input must have."""
     more_outputs: tuple[Output, ...] = ()
     """Further (encoding, OUT) pairs (``--encoding``/``--out`` repeated), written from the same
     reads: each OUT gets what a run of its encoding alone writes there."""
@@ -82,10 +88,17 @@ class TokenizeConfig(RunOptions):
     def _check_chat(self) -> None:
         if self.on_bad_row not in ON_BAD_ROW:
             raise UserError(f"--on-bad-row {self.on_bad_row!r} not supported, expected one of {ON_BAD_ROW}")
+        if not self.tools_column:
+            raise UserError("--tools-column needs a column name (or none, or auto)")
         if self.chat_column is None:
             if self.on_bad_row != "fail":
                 raise UserError("--on-bad-row is about chat rows: add --chat-column COLUMN (or drop --on-bad-row)")
+            if self.tools_column != TOOLS_AUTO:
+                raise UserError("--tools-column is about chat rows: add --chat-column COLUMN (or drop --tools-column)")
             return
+        if self.tools_column == self.chat_column:
+            raise UserError(f"--tools-column {self.tools_column} is also --chat-column: the tools are a column of "
+                            "their own beside the messages")
         if self.text_column not in ("text", self.chat_column):
             raise UserError(f"--text-column {self.text_column} and --chat-column {self.chat_column} name two columns; "
                             "a chat run reads one: give --chat-column alone")
@@ -97,6 +110,10 @@ class TokenizeConfig(RunOptions):
         if self.more_outputs:
             raise UserError("--chat-column takes one --encoding and one --out (each tokenizer has its own chat template); "
                             "run it once per tokenizer")
+
+    @property
+    def tools_to_read(self) -> tuple[str, bool] | None:
+        return tools_to_read(self.chat_column, self.tools_column)
 
     @property
     def outputs(self) -> tuple[Output, ...]:
@@ -120,6 +137,16 @@ class TokenizeConfig(RunOptions):
 
     def replace(self, **changes) -> "TokenizeConfig":
         return dataclasses.replace(self, **changes)
+
+
+def tools_to_read(chat_column: str | None, tools_column: str) -> tuple[str, bool] | None:
+    """A chat run's tools column and whether every input must have it (named), or None (no tools
+    read); also what ``verify --deep`` reads again, from the manifest's ``chat`` block."""
+    if chat_column is None or tools_column == TOOLS_NONE:
+        return None
+    if tools_column == TOOLS_AUTO:
+        return None if chat_column == TOOLS_DEFAULT_COLUMN else (TOOLS_DEFAULT_COLUMN, False)
+    return tools_column, True
 
 
 def _check_distinct(outputs: tuple[Output, ...]) -> None:

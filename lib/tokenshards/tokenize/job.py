@@ -296,7 +296,8 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
             encoding_notes.append(f"chat: conversations in column {config.chat_column!r} rendered through "
                                   f"{o.loaded.name}'s chat template; assistant tokens marked by "
                                   + ("its {% generation %} blocks" if o.chat["mask"] == "generation"
-                                     else "the turn rule (its template marks no {% generation %}: docs/chat.md)"))
+                                     else "the turn rule (its template marks no {% generation %}: docs/chat.md)")
+                                  + _tools_note(config))
         elif not o.loaded.legacy or not o.boundaries.single:
             encoding_notes.append(o.about(f"boundaries: {o.boundaries.describe(o.loaded.token_name)} "
                                           f"({o.boundaries.why})"))
@@ -429,7 +430,8 @@ def _task_settings(client: Client, o: _Output, config: TokenizeConfig) -> TaskSe
                         dtype=o.loaded.dtype, boundaries=o.boundaries, job=o.parts_job,
                         text_column=config.text_column, on_bad_file=config.on_bad_file,
                         backend=backend_version("transformers" if o.chat is not None else o.backend),
-                        chat=ChatSettings(on_bad_row=config.on_bad_row) if o.chat is not None else None)
+                        chat=ChatSettings(on_bad_row=config.on_bad_row, tools=config.tools_to_read)
+                        if o.chat is not None else None)
 
 
 def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
@@ -508,22 +510,31 @@ def _announce_bad_rows(entries, *, column: str, announce: Callable[[str], None])
                      "bad_rows in the manifest")
 
 
+def _tools_note(config: TokenizeConfig) -> str:
+    tools = config.tools_to_read
+    if tools is None:
+        return "; no tools column"
+    return f"; each row's tools from column {tools[0]!r}" + ("" if tools[1] else " where an input has one")
+
+
 def chat_block(config: TokenizeConfig, loaded) -> dict:
     """The manifest's (and job identity's) ``chat`` block; a tokenizer without a chat template
     is refused here, in one line, before any work."""
     import hashlib
     import json
 
-    from ..encoding.chat import GENERATION_RE, template_of
+    from ..encoding.chat import GENERATION_RE, template_of, tool_template_of
 
     if getattr(loaded, "kind", "") != "hf":
         raise UserError(f"--chat-column needs a Hugging Face tokenizer with a chat template (tokenizer.json + "
                         f"tokenizer_config.json, a folder or a Hub repo id); --encoding {config.encoding} is a "
                         f"{getattr(loaded, 'kind', 'tiktoken')} tokenizer, which has none")
-    template = template_of(json.loads(loaded.extra) if loaded.extra else {}, name=config.encoding)
-    return {"column": config.chat_column, "template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+    parsed = json.loads(loaded.extra) if loaded.extra else {}
+    template, tool_template = template_of(parsed, name=config.encoding), tool_template_of(parsed)
+    tool_use = {"tool_use_template_sha256": hashlib.sha256(tool_template.encode()).hexdigest()} if tool_template else {}
+    return {"column": config.chat_column, "template_sha256": hashlib.sha256(template.encode()).hexdigest(), **tool_use,
             "mask": "generation" if GENERATION_RE.search(template) else "turn", "mask_file": "uint8 per token",
-            "on_bad_row": config.on_bad_row}
+            "tools_column": config.tools_column, "on_bad_row": config.on_bad_row}
 
 
 def _clear_leftovers(fs, root: str) -> None:
@@ -563,7 +574,8 @@ def partition_tasks(pending: list[Piece], settings: TaskSettings | tuple[TaskSet
 
     read = _first(settings)
     frames = dd.from_map(read_piece, pending, text_column=read.text_column, storage_options=read.storage_options,
-                         on_bad_file=read.on_bad_file, meta=FRAME_META, enforce_metadata=False)
+                         on_bad_file=read.on_bad_file, tools=read.chat.tools if read.chat else None, meta=FRAME_META,
+                         enforce_metadata=False)
     outputs = [wanted[p.index] if wanted is not None else None for p in pending]
     pieces = dd.from_map(piece_frame, pending, outputs, meta=PIECE_META, enforce_metadata=False)
     return frames.map_partitions(write_frame, pieces, settings=settings, meta=RESULT_META, enforce_metadata=False)

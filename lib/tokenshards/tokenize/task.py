@@ -22,7 +22,7 @@ from dask.sizeof import sizeof
 from distributed.protocol import dask_deserialize, dask_serialize
 
 from ..corpus.plan import Piece, is_chat_type
-from ..corpus.read import (READ_AT, frame_of, keep_columns, kept_columns, piece_columns, read_piece,
+from ..corpus.read import (READ_AT, frame_of, keep_columns, kept_columns, piece_columns, piece_tools, read_piece,
                            unreadable_reason, utf8_or_null)
 from ..encoding.boundaries import Boundaries
 from ..encoding.plugin import WorkerEncoder
@@ -94,6 +94,9 @@ class TaskSettings:
 @dataclass(frozen=True, kw_only=True)
 class ChatSettings:
     on_bad_row: str = "fail"
+    tools: tuple[str, bool] | None = None
+    """The tools column read beside the messages and whether every input must have it
+    (``TokenizeConfig.tools_to_read``), or None."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,7 +132,8 @@ class TaskResult:
 def tokenize_partition(piece: Piece, *, settings: TaskSettings, backend) -> TaskResult:
     """The whole of one partition's work, as a plain function (no Dask): read, tokenize, write, commit."""
     return write_partition(read_piece(piece, text_column=settings.text_column, storage_options=settings.storage_options,
-                                      on_bad_file=settings.on_bad_file), piece, settings=settings, backend=backend)
+                                      on_bad_file=settings.on_bad_file, tools=settings.chat.tools if settings.chat else None),
+                           piece, settings=settings, backend=backend)
 
 
 def piece_frame(piece: Piece, outputs: tuple[int, ...] | None = None) -> pd.DataFrame:
@@ -199,7 +203,7 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
     for each, backend in zip(settings, backends):
         chats = None
         if each.chat is not None:
-            chats = _chat_batch(text, all_rows, piece, settings=each)
+            chats = _chat_batch(text, all_rows, piece, settings=each, tools=piece_tools(frame))
             batch = chats.batch
         else:
             batch = tokenize_column(text, backend, boundaries=each.boundaries, eot_position=each.eot_position,
@@ -242,14 +246,16 @@ def _check_column_kind(column, piece: Piece, settings: TaskSettings) -> None:
                          "a list of {role, content} messages (or that list as JSON text)")
 
 
-def _chat_batch(column, rows: np.ndarray, piece: Piece, *, settings: TaskSettings) -> ChatBatch:
-    """The piece's conversations tokenized; a malformed row stops the task in one line unless
-    ``--on-bad-row skip``."""
-    chats = tokenize_chats(column.to_pylist(), settings.encoder.chat_template(), dtype=settings.dtype)
+def _chat_batch(column, rows: np.ndarray, piece: Piece, *, settings: TaskSettings, tools=None) -> ChatBatch:
+    """The piece's conversations (with their ``tools`` where the input has a tools column)
+    tokenized; a malformed row stops the task in one line unless ``--on-bad-row skip``."""
+    chats = tokenize_chats(column.to_pylist(), settings.encoder.chat_template(), dtype=settings.dtype,
+                           tools=tools.to_pylist() if tools is not None else None)
     if chats.bad_positions and settings.chat.on_bad_row != "skip":
         raise InputError(bad_row_line(input=piece.input, row=int(rows[chats.bad_positions[0]]),
                                       column=settings.text_column, bad=chats.first_bad,
-                                      more=len(chats.bad_positions) - 1))
+                                      more=len(chats.bad_positions) - 1,
+                                      tools_column=settings.chat.tools[0] if settings.chat.tools else None))
     return chats
 
 

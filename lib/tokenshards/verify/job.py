@@ -168,11 +168,13 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
     sample = [i for i in sample if i < len(rows)]  # a wrong docs count is already reported
     recorded = (expected.input_identities or {}).get(entry.input)
     changed = _input_change(entry.input, recorded, storage_options=storage_options)
+    tools: dict = {}
     if not changed:
         try:
             texts = _read_rows(entry.input, [rows[i] for i in sample], row_groups=entry.row_groups,
                                text_column=expected.text_column, storage_options=storage_options,
-                               identity=tuple(recorded.items()) if recorded else ())
+                               identity=tuple(recorded.items()) if recorded else (),
+                               tools=expected.tools if expected.chat else None, tools_out=tools)
         except (OSError, pa.ArrowException, KeyError, ValueError) as e:
             texts = e
         # After the read too: a file replaced meanwhile was read through its old, kept footer.
@@ -199,7 +201,7 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
         if expected.chat:
             at = slice(starts[i], starts[i] + lengths[i])
             problems += _compare_chat(label, text, values[at], mask[at] if mask is not None else None,
-                                      template=expected.encoder.chat_template())
+                                      template=expected.encoder.chat_template(), tools=tools.get(row))
             continue
         want = expected_document(reference.encode_one(text).tolist(), prefix=expected.prefix, suffix=expected.suffix)
         diff = compare_document(values[starts[i]:starts[i] + lengths[i]].tolist(), want)
@@ -208,12 +210,13 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
     return problems, len(sample)
 
 
-def _compare_chat(label: str, value, ids: np.ndarray, mask: np.ndarray | None, *, template) -> list[str]:
-    """A chat row rendered and encoded again (``encoding.chat``), its ids and mask compared."""
-    from ..encoding.chat import BadRow, messages_of
+def _compare_chat(label: str, value, ids: np.ndarray, mask: np.ndarray | None, *, template, tools=None) -> list[str]:
+    """A chat row rendered (with its tools) and encoded again (``encoding.chat``), its ids and mask compared."""
+    from ..encoding.chat import BadRow, messages_of, tools_of
 
-    messages = messages_of(value)
-    row = template.encode(messages) if isinstance(messages, list) else messages
+    messages, given = messages_of(value), tools_of(tools)
+    row = messages if not isinstance(messages, list) else given if isinstance(given, BadRow) \
+        else template.encode(messages, given)
     if not isinstance(row, BadRow) and row is not None:
         diff = compare_document(ids.tolist(), row.ids.tolist())
         if diff:
@@ -282,19 +285,33 @@ def _not_parquet(url: str, storage_options: dict) -> str | None:
     return None
 
 
+def _chat_tools(block: dict | None) -> tuple[str, bool] | None:
+    """The tools column a chat run read (its ``chat`` block; runs from before ``--tools-column``
+    read none)."""
+    from ..tokenize.config import tools_to_read
+
+    if not block:
+        return None
+    return tools_to_read(block.get("column"), block.get("tools_column", "none"))
+
+
 def _read_rows(url: str, rows: list[int], *, row_groups: tuple[int, int], text_column: str,
-               storage_options: dict, identity: tuple = ()) -> dict[int, str | None | Exception]:
+               storage_options: dict, identity: tuple = (), tools: tuple[str, bool] | None = None,
+               tools_out: dict | None = None) -> dict[int, str | None | Exception]:
     """{row: text} for the given source rows, reading only the row groups that hold them; a row
     outside the partition's row groups maps to the problem it is. With the input's ``identity``
     as the run recorded it (checked unchanged just before), the footer is parsed once per worker
-    for all the partitions of that file (``corpus.footers``)."""
+    for all the partitions of that file (``corpus.footers``). A chat run's ``tools`` column, where
+    the input has it, fills ``tools_out`` ({row: tools}) the same way."""
     fs, path = filesystem(url, storage_options)
     with fs.open(path, "rb") as f:
         pf = WORKER_FOOTERS.open(f, url, identity)
         bounds = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
         group_of = {row: bisect_right(bounds, row) - 1 for row in rows}
         wanted = sorted({g for g in group_of.values() if row_groups[0] <= g < row_groups[1]})
-        table = pf.read_row_groups(wanted, columns=[text_column]) if wanted else None
+        tools_column = tools[0] if tools is not None and tools[0] in pf.schema_arrow.names else None
+        columns = [text_column] + ([tools_column] if tools_column else [])
+        table = pf.read_row_groups(wanted, columns=columns) if wanted else None
     position = dict(zip(wanted, np.cumsum([0] + [int(bounds[g + 1] - bounds[g]) for g in wanted]).tolist()))
     texts: dict[int, str | None | Exception] = {}
     for row, g in group_of.items():
@@ -303,6 +320,8 @@ def _read_rows(url: str, rows: list[int], *, row_groups: tuple[int, int], text_c
                                     f"{row_groups[0]}..{row_groups[1] - 1}")
         else:
             texts[row] = table.column(text_column)[position[g] + row - int(bounds[g])].as_py()
+            if tools_column and tools_out is not None:
+                tools_out[row] = table.column(tools_column)[position[g] + row - int(bounds[g])].as_py()
     return texts
 
 
@@ -349,7 +368,8 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     prefix, suffix = enc.boundaries(manifest.eot_position)
     expected = Expected(dtype=enc.dtype, n_vocab=enc.n_vocab, eot=enc.eot, eot_position=manifest.eot_position,
                         prefix=prefix, suffix=suffix,
-                        job=manifest.done_job(), text_column=manifest.text_column, chat=bool(manifest.extra.get("chat")))
+                        job=manifest.done_job(), text_column=manifest.text_column, chat=bool(manifest.extra.get("chat")),
+                        tools=_chat_tools(manifest.extra.get("chat")))
     loaded = None
     if config.deep:
         loaded, encoding_problems = _deep_encoding(manifest, announce=announce, encoding=config.encoding)
