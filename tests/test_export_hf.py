@@ -142,3 +142,22 @@ def test_publish_to_the_hub_then_load_the_repo(cluster, run, hub, tmp_path, caps
         got = [tuple(ids[at:at + n]) for ids, lengths in zip(ds[split]["input_ids"], ds[split]["seq_lengths"])
                for at, n in zip(np.cumsum([0] + lengths[:-1]).tolist(), lengths)]
         assert sorted(got) == sorted(tuple(d[i:i + N]) for d in docs for i in range(0, len(d), N))
+
+
+def test_publish_into_a_sub_folder_loads_from_the_root_and_from_the_folder(cluster, run, hub, tmp_path, capsys):  # noqa: F811
+    """Into ``hf://datasets/ORG/NAME/sub/folder``: the card beside the shards names them relative to
+    its own folder and the root card relative to the root, so ``load_dataset`` reads the same rows
+    from a copy of the repo and from a copy of the folder alone."""
+    code = main(["export", str(run["out"]), "--format", "hf", "--to", f"hf://datasets/{REPO}/sub/folder",
+                 "--val-tokens", str(VAL), "--create-repo", "--scheduler", cluster.scheduler_address, "--progress", "none"])
+    assert code == 0, capsys.readouterr().err
+    snap = Path(snapshot_download(repo_id=REPO, repo_type="dataset", endpoint=hub.url,
+                                  cache_dir=str(tmp_path / "snap-cache")))
+    inner, root = (snap / "sub" / "folder" / "README.md").read_text(), (snap / "README.md").read_text()
+    assert 'path: "train/*.parquet"' in inner and "sub/folder/" not in inner.split("---")[1]
+    assert 'path: "sub/folder/train/*.parquet"' in root and "(sub/folder/fineweb_export.json)" in root
+    val, train = run["split"]
+    for at in (snap, snap / "sub" / "folder"):
+        ds = load(at, tmp_path / at.name)
+        assert sorted(map(tuple, ds["train"]["input_ids"])) == sorted(map(tuple, train))
+        assert sorted(map(tuple, ds["validation"]["input_ids"])) == sorted(map(tuple, val))

@@ -31,21 +31,26 @@ def _described(fmt: str) -> tuple[str, list[str]]:
     return f.card or f.help, re.findall(r"[\w.\-]+", f.reader.lower())
 
 
-def dataset_card(record: ExportRecord, *, repo: str, folder: str, record_name: str) -> str:
-    """Markdown with a YAML header; says what the export holds and how a trainer downloads it."""
+def dataset_card(record: ExportRecord, *, repo: str, folder: str, record_name: str, at_root: bool = False) -> str:
+    """Markdown with a YAML header; says what the export holds and how a trainer downloads it.
+    The card lies in ``folder`` beside the shards, or, ``at_root``, in the repo's root: the paths
+    it names (``data_files``, the record's link) are relative to where it lies, as ``load_dataset``
+    reads them (the repo, or a downloaded copy of the folder)."""
     fmt = record.export_format
     what, tags = _described(fmt)
     files = record.files
     where = f"{repo}/{folder}" if folder else repo
     title = f"{where}: {record.encoding.name} tokens, {fmt}"
     # hf exports are parquet the viewer and load_dataset read through `configs`; token shards are not.
-    viewer = (hf.configs_yaml([f.split for f in files], folder=folder) if fmt == "hf" else ["viewer: false"])
+    inside = folder if at_root else ""
+    viewer = (hf.configs_yaml([f.split for f in files], folder=inside) if fmt == "hf" else ["viewer: false"])
+    record_link = f"{inside}/{record_name}" if inside else record_name
     header = ["---", f"pretty_name: {json.dumps(title)}", "tags:",
               *(f"- {t}" for t in ["tokenshards", "tokenized", *tags]), *viewer, "---", MARKER, ""]
     body = [f"# {title}", "",
             f"Tokenized text for LLM pretraining, written by `tokenshards export --format {fmt}`"
             f"{' into `' + folder + '/`' if folder else ''}. Every fact below is also in "
-            f"[`{record_name}`]({record_name}), the export record beside the shards.", "",
+            f"[`{record_name}`]({record_link}), the export record beside the shards.", "",
             "| | |", "|---|---|",
             *_rows(record, what=what), "",
             "## Files", "", "| file | split | tokens | bytes |", "|---|---|---:|---:|",

@@ -107,9 +107,11 @@ def run_publish(config: PublishConfig, *, announce: Callable[[str], None] = prin
     staging = config.staging or default_staging(dest)
     summary, record_name = _stage(config, staging, announce=announce)
     record = ExportRecord.from_bytes((Path(staging) / record_name).read_bytes())
-    card = cards.dataset_card(record, repo=dest.repo, folder=dest.folder, record_name=record_name).encode()
+    card, root_card = (cards.dataset_card(record, repo=dest.repo, folder=dest.folder, record_name=record_name,
+                                          at_root=at_root).encode() for at_root in (False, True))
     with _hub_bars_follow(config.export.progress):
-        sent, commits, total = _upload(api, config, dest, staging, summary.files, record_name, card, announce=announce)
+        sent, commits, total = _upload(api, config, dest, staging, summary.files, record_name, card, root_card,
+                                       announce=announce)
     endpoint = api.endpoint.rstrip("/")
     first = dest.path(summary.files[0]) if summary.files else dest.path(record_name)
     notes = (*summary.notes,
@@ -229,9 +231,11 @@ def _same(remote, sha256: str, sha1: str) -> bool:
 
 
 def _upload(api, config: PublishConfig, dest: HubDestination, staging: str, names: list[str], record_name: str,
-            card: bytes, *, announce: Callable[[str], None]) -> tuple[int, int, int]:
+            card: bytes, root_card: bytes, *, announce: Callable[[str], None]) -> tuple[int, int, int]:
     """Every shard not already on the Hub, ``commit_files`` a commit, then the record and the card
-    (and the deletions --overwrite asks for). (files sent, commits made, files published)."""
+    (and the deletions --overwrite asks for). (files sent, commits made, files published). Into a
+    DIR, ``card`` goes beside the shards (its paths relative to DIR) and ``root_card`` (the same,
+    its paths relative to the root) to the root README.md when that is missing or a publish's."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
     from . import formats
 
@@ -249,9 +253,9 @@ def _upload(api, config: PublishConfig, dest: HubDestination, staging: str, name
         raise UserError(f"{dest.url} already holds another export ({', '.join(shown[:3])}{' ...' if len(shown) > 3 else ''}); "
                         "choose another DIR or pass --overwrite to replace it (the staged export is kept: no new export)")
     cards_todo = [(dest.path(CARD), card)]
-    root_card = remote.get(CARD) if dest.folder else None
-    if dest.folder and (root_card is None or _is_ours(api, dest, root_card, config)):
-        cards_todo.append((CARD, card))  # the Hub shows the root README.md; a card of the publisher's own stays
+    at_root = remote.get(CARD) if dest.folder else None
+    if dest.folder and (at_root is None or _is_ours(api, dest, at_root, config)):
+        cards_todo.append((CARD, root_card))  # the Hub shows the root README.md; a card of the publisher's own stays
     total = len(names) + 1 + len(cards_todo)
     shards = [n for n in names if not _same(remote.get(dest.path(n)), *local[n])]
     last = [n for n in (record_name,) if not _same(remote.get(dest.path(n)), *local[n])]
