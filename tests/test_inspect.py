@@ -1,8 +1,10 @@
 """`tokenshards inspect`: the totals the manifest holds, exact percentiles and per-language
 counts against an independent computation, a valid PNG, s3:// outputs, and what it says when
-an input is gone or has no language column."""
+an input is gone or has no language column; on the cluster (tasks over batches of partitions,
+summaries combined in a tree on the workers), the same report as in this process."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -13,7 +15,8 @@ from conftest import write_parquet
 from readback import expected_tokens, read_documents
 from tokenshards.cli import main
 from tokenshards.errors import UserError
-from tokenshards.inspect.stats import BIN_WIDTH, LENGTH_EDGES, PartitionStats, RunStats, inspect_output, plot_lengths
+from tokenshards.inspect.stats import (BIN_WIDTH, LENGTH_EDGES, PartitionStats, RunStats, inspect_output, plot_lengths,
+                                       report_lines as report_lines_of)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 WORDS = {"en": "the cat sat on the mat and looked around ", "de": "die Katze sitzt auf der Matte und schaut ",
@@ -42,6 +45,11 @@ def run(tokenize, tmp_path):
 def _printed(capsys, argv) -> str:
     assert main(argv) == 0
     return capsys.readouterr().out
+
+
+def _on_cluster(cluster, *args) -> list[str]:
+    """A command's arguments, run on the session's cluster."""
+    return [*args, "--scheduler", cluster.scheduler_address, "--progress", "none"]
 
 
 def test_inspect_prints_the_manifest_totals_and_exact_numbers(run, gpt2, tmp_path, capsys):
@@ -123,7 +131,7 @@ def test_a_missing_docs_file_is_named(run):
         inspect_output(str(run["out"]))
 
 
-def test_inspects_an_s3_output_and_writes_the_plot_there(run, s3, capsys):
+def test_inspects_an_s3_output_and_writes_the_plot_there(run, s3, cluster, capsys):
     bucket = s3.make_bucket()
     fs = s3.fs()
     fs.put(str(run["out"]) + "/", f"{bucket}/runs/one/", recursive=True)
@@ -134,6 +142,9 @@ def test_inspects_an_s3_output_and_writes_the_plot_there(run, s3, capsys):
     # Same numbers whichever storage holds the run (the first line names the run itself).
     assert remote.splitlines()[1:-1] == local.splitlines()[1:]
     assert s3.fs().cat(f"{bucket}/plots/lengths.png").startswith(PNG_MAGIC)
+    # And whichever machine reads it: the workers get the storage options with their tasks.
+    workers = _printed(capsys, _on_cluster(cluster, "inspect", f"s3://{bucket}/runs/one", *options))
+    assert workers == remote.rsplit("plot: ", 1)[0]
 
 
 def test_percentiles_of_long_documents_stay_within_a_bin():
@@ -176,3 +187,118 @@ def test_each_inputs_footer_is_parsed_once_not_per_partition(run, capsys, monkey
     partitions = len(json.loads((run["out"] / "manifest.json").read_text())["partitions"])
     assert partitions > 2 and "languages" in text
     assert len(parsed) == 1, (len(parsed), partitions)
+
+
+# -- on the cluster (issue 48): the same report, the client's work flat in the partitions -------------
+
+@pytest.fixture
+def small_tasks(monkeypatch):
+    """One partition a task and two summaries a tree node: a run of a few partitions then takes
+    several tasks and a tree of three levels, as a large run does."""
+    from tokenshards.inspect import job
+
+    monkeypatch.setattr(job, "MIN_BATCH", 1)
+    monkeypatch.setattr(job, "MAX_BATCH", 1)
+    monkeypatch.setattr(job, "FAN_IN", 2)
+
+
+def test_the_cluster_gives_the_report_and_plot_this_process_gives(run, cluster, small_tasks, tmp_path, capsys,
+                                                                  monkeypatch):
+    from tokenshards.inspect import stats
+
+    here = _printed(capsys, ["inspect", str(run["out"]), "--plot", str(tmp_path / "here.png")])
+
+    def never(*args, **kwargs):
+        raise AssertionError("a docs file or an input was read on the client")
+
+    monkeypatch.setattr(stats.pq, "read_table", never)  # in this process only: the workers read
+    monkeypatch.setattr(stats.pq, "ParquetFile", never)
+    there = _printed(capsys, _on_cluster(cluster, "inspect", str(run["out"]), "--plot", str(tmp_path / "there.png")))
+    assert len(json.loads((run["out"] / "manifest.json").read_text())["partitions"]) >= 5  # >= 5 tasks, 3 levels
+    assert there.replace("there.png", "here.png") == here
+    assert "per language (the inputs' 'language' column; 3 languages)" in there
+    assert (tmp_path / "there.png").read_bytes() == (tmp_path / "here.png").read_bytes()  # the same drawing, to the byte
+
+
+def test_on_the_cluster_partial_coverage_and_its_notes_in_the_runs_order(tokenize, cluster, small_tasks, tmp_path,
+                                                                          capsys):
+    """Problems merge in the partitions' order whatever the tree: the same notes, the same coverage."""
+    paths = [_corpus(tmp_path / "in", name=f"{c}.parquet", n=60, seed=i)[0] for i, c in enumerate("abcd")]
+    _, out = tokenize(paths, partition_bytes=1500)
+    for gone in (paths[1], paths[3]):
+        gone.unlink()
+    here = _printed(capsys, ["inspect", str(out)])
+    there = _printed(capsys, _on_cluster(cluster, "inspect", str(out)))
+    assert there == here
+    notes = [line for line in there.splitlines() if "note: input" in line]
+    assert [str(paths[1]) in notes[0], str(paths[3]) in notes[1]] == [True, True], notes
+
+
+def test_a_run_past_the_bound_is_read_on_a_cluster_and_a_small_one_here(run, cluster, monkeypatch):
+    """No cluster named: a small run is read in this process; a larger one starts one (here, the
+    session's stands in for the local cluster it would start) and gets the same numbers."""
+    from tokenshards.inspect import job
+    from tokenshards.inspect.stats import report_lines
+
+    connected = []
+    real = job.runner.connect_to
+
+    def connect_to(options, **kwargs):
+        connected.append(options)
+        return real(dataclasses.replace(options, scheduler=cluster.scheduler_address), **kwargs)
+
+    monkeypatch.setattr(job.runner, "connect_to", connect_to)
+    config = job.InspectConfig(out=str(run["out"]), progress="none")
+    here = report_lines(job.run_inspect(config, announce=lambda m: None))
+    assert not connected
+    monkeypatch.setattr(job, "LOCAL_PARTITIONS", 2)
+    assert report_lines(job.run_inspect(config, announce=lambda m: None)) == here
+    assert len(connected) == 1 and connected[0].scheduler is None  # what it would have started: a local cluster
+
+
+def test_batches_are_a_few_per_worker_thread_within_bounds():
+    from tokenshards.inspect.job import MAX_BATCH, MIN_BATCH, batch_size
+
+    assert batch_size(16_384, 2) == MAX_BATCH  # a 2-core machine: a few hundred tasks, not 16,384
+    assert batch_size(16_384, 1_024) == 4  # hundreds of cores: ~4 tasks a thread
+    assert batch_size(10, 2) == MIN_BATCH
+
+
+def test_a_missing_docs_file_on_the_cluster_is_one_line(run, cluster, capsys):
+    manifest = json.loads((run["out"] / "manifest.json").read_text())
+    (run["out"] / manifest["partitions"][1]["docs_file"]).unlink()
+    assert main(_on_cluster(cluster, "inspect", str(run["out"]))) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("tokenshards: error:") == 1, err
+    assert re.fullmatch(r"tokenshards: error: \S+part-00001\.docs\.parquet: listed in the manifest but missing; "
+                        r"run `tokenshards verify` on this output", err.splitlines()[-1]), err
+
+
+def test_a_hub_workers_run_is_counted_per_language_by_workers_that_never_saw_it(tokenize, tmp_path, monkeypatch):
+    """A ``--fetch workers`` run's inputs are ``hfcache://`` references: the workers of a new
+    cluster, which never ran it, read them through the reading plugins inspect registers there
+    (the run's download folder, else the Hub by range): the report this process gives."""
+    import logging
+
+    from distributed import LocalCluster
+    from huggingface_hub import constants
+
+    from hubserver import HubServer
+    from tokenshards.inspect.job import InspectConfig, run_inspect
+    from tokenshards.storage.hub import HubDataset
+
+    repo = tmp_path / "repo"
+    for n in range(2):
+        _corpus(repo / "sample" / "10BT", name=f"00{n}_00000.parquet", n=90, seed=n)
+    with HubServer(repo, repo="HuggingFaceFW/fineweb", page_size=2) as server:
+        ds = HubDataset(repo="HuggingFaceFW/fineweb", size="10B", endpoint=server.url, cache_dir=str(tmp_path / "hf"),
+                        backoff=0.05, keep_free=0, fetch="workers", download_dir=str(tmp_path / "dl"))
+        _, out = tokenize([], out=tmp_path / "hubrun", hub=ds, partition_bytes=3000)
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)  # HF_ENDPOINT, as inspect's process read it
+        here = report_lines_of(inspect_output(str(out)))
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                          silence_logs=logging.CRITICAL) as fresh:
+            there = report_lines_of(run_inspect(InspectConfig(out=str(out), scheduler=fresh.scheduler_address,
+                                                              progress="none"), announce=lambda m: None))
+    assert there == here
+    assert "per language (the inputs' 'language' column; 3 languages)" in there

@@ -429,27 +429,30 @@ def _run_verify(args) -> int:
 
 
 def _add_inspect(sub) -> None:
-    p = sub.add_parser("inspect", help="totals, tokens-per-document percentiles, per-language counts; --plot draws lengths")
+    p = sub.add_parser("inspect", help="totals, tokens-per-document percentiles, per-language counts; --plot draws "
+                                       "lengths; a run of more than a few dozen partitions is read on the cluster")
     p.add_argument("out", metavar="OUT", help="output folder or s3://bucket/prefix of a finished run")
     p.add_argument("--plot", metavar="FILE.png", help="write a histogram of document lengths in tokens (log x)")
     p.add_argument("--language-column", default="language",
                    help="input column counted per language (default: language, as in FineWeb)")
+    _add_cluster_arguments(p, job="tokenshards.inspect.job")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT, the inputs and --plot; repeatable")
     p.set_defaults(run=_run_inspect)
 
 
 def _run_inspect(args) -> int:
-    from .inspect.stats import inspect_output, plot_format, plot_lengths, report_lines
+    from .inspect.job import InspectConfig, run_inspect
+    from .inspect.stats import plot_format, plot_lengths, report_lines
 
-    options = _storage_options(args.storage_option)
+    config = InspectConfig(out=args.out, language_column=args.language_column, **_run_options(args))
     if args.plot:
         plot_format(args.plot)  # a wrong name is said before the run is read
-    stats = inspect_output(args.out, storage_options=options, language_column=args.language_column)
+    stats = run_inspect(config, announce=_say)
     for line in report_lines(stats):
         print(line)
     if args.plot:
-        plot_lengths(stats, args.plot, storage_options=options)
+        plot_lengths(stats, args.plot, storage_options=config.storage_options)
         print(f"plot: {args.plot}")
     return 0
 

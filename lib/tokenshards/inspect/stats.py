@@ -1,12 +1,16 @@
 """``tokenshards inspect OUT``: what a finished run holds, read from its manifest and docs files.
 
-Everything streams one partition at a time (a few threads for I/O latency, a bounded window of
-them), so memory stays flat however large the run: document lengths go into a fixed
-log-spaced histogram (exact below 301 tokens, bins under 0.7% wide above), from which the
-percentiles and the plot come. Per-language counts need the inputs' ``language`` column,
-which format v1's docs files do not carry: it is read from the inputs the manifest lists
-(the partition's row groups, matched by the docs' ``row``) when they are still reachable; a
-``--fetch workers`` run's Hub references from this machine's copy, else by range from the Hub.
+The reading is one function, ``summarize_partitions``: a batch of partitions in, a small
+mergeable ``Summary`` out (a fixed log-spaced histogram of document lengths, exact below 301
+tokens and bins under 0.7% wide above, from which the percentiles and the plot come; totals; a
+Counter per language). ``inspect.job`` runs it as cluster tasks and combines the summaries in a
+tree on the workers; a small run is read by the same function in this process
+(``inspect_output``). Either way a batch streams a few partitions at a time (a few threads for I/O
+latency, a bounded window of them), so memory stays flat however large the run. Per-language
+counts need the inputs' ``language`` column, which format v1's docs files do not carry: it is
+read from the inputs the manifest lists (the partition's row groups, matched by the docs' ``row``)
+when they are still reachable; a ``--fetch workers`` run's Hub references from the reading
+machine's copy, else by range from the Hub.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import threading
 from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -26,8 +31,9 @@ from ..format.v1 import Manifest, PartitionEntry
 from ..errors import UserError
 from ..wording import human
 from ..wording import counted
+from ..cluster.machines import is_local_path
 from ..storage.hubreaders import reading_plugins_for_run
-from ..storage.store import filesystem, join, write_atomic
+from ..storage.store import filesystem, is_local, join, write_atomic
 
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 LENGTH_EDGES = np.unique(np.floor(np.geomspace(1, 2**40, 8192)).astype(np.int64))
@@ -37,6 +43,9 @@ BIN_WIDTH = float(np.max((np.diff(LENGTH_EDGES) / LENGTH_EDGES[:-1])[LENGTH_EDGE
 """Largest relative width of an inexact bin."""
 WINDOW = 32
 """Partitions read at once (threads * a little): bounds memory and open connections."""
+MAX_PROBLEMS = 5
+"""Distinct reasons kept for missing per-language counts, the first in the run's order: the report
+shows at most five, and a summary must not grow with the inputs."""
 
 
 @dataclass(kw_only=True)
@@ -51,10 +60,24 @@ class PartitionStats:
     language_problem: str | None = None
 
 
+class PartRef(NamedTuple):
+    """What reading one partition needs from its manifest entry (all a task is sent)."""
+
+    index: int
+    docs_file: str
+    input: str
+    row_groups: tuple[int, int]
+
+    @classmethod
+    def of(cls, entry: PartitionEntry) -> PartRef:
+        return cls(entry.index, entry.docs_file, entry.input, tuple(entry.row_groups))
+
+
 @dataclass(kw_only=True)
-class RunStats:
-    out: str
-    manifest: Manifest
+class Summary:
+    """What the partitions of a run, or of a part of it, hold: small, and merged in any grouping
+    (``merge``, in the run's order) to the same numbers as adding the partitions one by one."""
+
     counts: np.ndarray = field(default_factory=lambda: np.zeros(len(LENGTH_EDGES), np.int64))
     docs: int = 0
     tokens: int = 0
@@ -63,20 +86,33 @@ class RunStats:
     languages: Counter = field(default_factory=Counter)
     language_partitions: int = 0
     language_problems: list[str] = field(default_factory=list)
-    language_column: str = "language"
 
     def add(self, part: PartitionStats) -> None:
-        if part.docs:
-            self.min = part.min if not self.docs else min(self.min, part.min)
-            self.max = max(self.max, part.max)
-        self.counts += part.counts
-        self.docs += part.docs
-        self.tokens += part.tokens
+        self._take(counts=part.counts, docs=part.docs, tokens=part.tokens, low=part.min, high=part.max)
         if part.languages is not None:
             self.languages.update(part.languages)
             self.language_partitions += 1
-        if part.language_problem and part.language_problem not in self.language_problems:
-            self.language_problems.append(part.language_problem)
+        self._note([part.language_problem] if part.language_problem else [])
+
+    def merge(self, other: Summary) -> None:
+        """``other``'s partitions come after this one's."""
+        self._take(counts=other.counts, docs=other.docs, tokens=other.tokens, low=other.min, high=other.max)
+        self.languages.update(other.languages)
+        self.language_partitions += other.language_partitions
+        self._note(other.language_problems)
+
+    def _take(self, *, counts: np.ndarray, docs: int, tokens: int, low: int, high: int) -> None:
+        if docs:
+            self.min = low if not self.docs else min(self.min, low)
+            self.max = max(self.max, high)
+        self.counts += counts
+        self.docs += docs
+        self.tokens += tokens
+
+    def _note(self, problems: list[str]) -> None:
+        for problem in problems:
+            if len(self.language_problems) < MAX_PROBLEMS and problem not in self.language_problems:
+                self.language_problems.append(problem)
 
     def percentile(self, q: float) -> float:
         """numpy's default (linear) percentile, read off the histogram: exact where bins are
@@ -106,24 +142,73 @@ class RunStats:
         return sorted(rows, key=lambda r: (-r[1], r[0]))
 
 
+def combine_summaries(*parts: Summary) -> Summary:
+    """One node of the tree the workers combine summaries in: ``parts`` in the run's order."""
+    total = Summary()
+    for part in parts:
+        total.merge(part)
+    return total
+
+
+@dataclass(kw_only=True)
+class RunStats(Summary):
+    """A whole run's summary, with the manifest and what the report names."""
+
+    out: str
+    manifest: Manifest
+    language_column: str = "language"
+
+    @classmethod
+    def of(cls, summary: Summary, *, out: str, manifest: Manifest, language_column: str) -> RunStats:
+        return cls(out=out, manifest=manifest, language_column=language_column, counts=summary.counts,
+                   docs=summary.docs, tokens=summary.tokens, min=summary.min, max=summary.max,
+                   languages=summary.languages, language_partitions=summary.language_partitions,
+                   language_problems=summary.language_problems)
+
+
 def inspect_output(out: str, *, storage_options: dict | None = None, language_column: str = "language",
                    threads: int = 8) -> RunStats:
-    """Read OUT's manifest, then every partition's docs file (and its input's language column)."""
+    """Read OUT's manifest, then every partition's docs file (and its input's language column), in
+    this process: ``inspect.job.run_inspect`` does this for small runs, the cluster for the rest."""
     fs, root, manifest = v1.open_finished(out, storage_options)
+    return inspect_here(out, fs, root, manifest, storage_options=storage_options, language_column=language_column,
+                        threads=threads)
+
+
+def inspect_here(out: str, fs, root: str, manifest: Manifest, *, storage_options: dict | None,
+                 language_column: str, threads: int = 8) -> RunStats:
+    """An opened run's partitions read in this process, by the function the cluster's tasks run."""
     for hub in reading_plugins_for_run(manifest.input_identities(), manifest.extra):  # a --fetch workers run's inputs:
         hub.setup(worker=None)  # read in this process, from its copy here, else by range from the Hub
-    stats = RunStats(out=out, manifest=manifest, language_column=language_column)
-    inputs = _InputCache(storage_options, language_column)
-    parts = manifest.partitions
-    with ThreadPoolExecutor(max_workers=max(threads, 1)) as pool:
+    summary = summarize_partitions([PartRef.of(e) for e in manifest.partitions], out=task_root(fs, root, out),
+                                   storage_options=storage_options, language_column=language_column, threads=threads)
+    return RunStats.of(summary, out=out, manifest=manifest, language_column=language_column)
+
+
+def task_root(fs, root: str, out: str) -> str:
+    """OUT as a task opens it: a local OUT as an absolute path (a worker's working directory may
+    differ), any other as the URL given (its root has no protocol)."""
+    return root if is_local(fs) else out
+
+
+def summarize_partitions(parts: Sequence[PartRef], *, out: str, storage_options: dict | None,
+                         language_column: str = "language", threads: int = 4,
+                         unseen_local_inputs: str | None = None) -> Summary:
+    """The summary of ``parts`` (a cluster task's batch, or a small run's every partition), read a
+    window at a time in ``threads`` threads. ``unseen_local_inputs``: why local inputs are not read
+    here (the workers' machine does not see the client's files there), as each one's language problem."""
+    fs, root = filesystem(out, storage_options)
+    summary = Summary()
+    inputs = _InputCache(storage_options, language_column, unseen_local=unseen_local_inputs)
+    with ThreadPoolExecutor(max_workers=max(min(threads, len(parts)), 1)) as pool:
         for start in range(0, len(parts), WINDOW):
             window = parts[start:start + WINDOW]
             for part in pool.map(lambda p: _partition_stats(fs, root, p, inputs), window):
-                stats.add(part)
-    return stats
+                summary.add(part)
+    return summary
 
 
-def _partition_stats(fs, root: str, part: PartitionEntry, inputs: "_InputCache") -> PartitionStats:
+def _partition_stats(fs, root: str, part: PartRef, inputs: _InputCache) -> PartitionStats:
     path = join(root, part.docs_file)
     try:
         with fs.open(path, "rb") as f:
@@ -163,11 +248,13 @@ class _InputCache:
     so each footer is parsed about once; an input's footer grows with its row groups, and parsing it
     again for every partition made inspect's time per partition grow with them (docs/scaling.md)."""
 
-    def __init__(self, storage_options: dict | None, column: str):
+    def __init__(self, storage_options: dict | None, column: str, *, unseen_local: str | None = None):
         self.storage_options = storage_options
         self.column = column
+        self.unseen_local = unseen_local
         self._lock = threading.Lock()
         self._meta: dict[str, tuple[list[int], bool] | str] = {}
+        self._opening: dict[str, threading.Lock] = {}
         self._footers: OrderedDict[str, pq.FileMetaData] = OrderedDict()
 
     def _footer(self, url: str, f) -> pq.FileMetaData:
@@ -186,23 +273,31 @@ class _InputCache:
         with self._lock:
             if url in self._meta:
                 return self._meta[url]
-        try:
-            fs, path = filesystem(url, self.storage_options)
-            with fs.open(path, "rb") as f:
-                meta = self._footer(url, f)
-            offsets = [0]
-            for i in range(meta.num_row_groups):
-                offsets.append(offsets[-1] + meta.row_group(i).num_rows)
-            result: tuple[list[int], bool] | str = (offsets, self.column in meta.schema.to_arrow_schema().names)
-        except (UserError, OSError, pa.ArrowException) as e:
-            result = f"input {url} is unreachable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-        with self._lock:
-            self._meta[url] = result
+            first = self._opening.setdefault(url, threading.Lock())
+        with first:  # the threads that start on an input together wait for one read of its footer
+            with self._lock:
+                if url in self._meta:
+                    return self._meta[url]
+            try:
+                fs, path = filesystem(url, self.storage_options)
+                with fs.open(path, "rb") as f:
+                    meta = self._footer(url, f)
+                offsets = [0]
+                for i in range(meta.num_row_groups):
+                    offsets.append(offsets[-1] + meta.row_group(i).num_rows)
+                result: tuple[list[int], bool] | str = (offsets, self.column in meta.schema.to_arrow_schema().names)
+            except (UserError, OSError, pa.ArrowException) as e:
+                result = f"input {url} is unreachable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            with self._lock:
+                self._meta[url] = result
+                del self._opening[url]
         return result
 
-    def languages(self, part: PartitionEntry, rows: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    def languages(self, part: PartRef, rows: np.ndarray) -> tuple[np.ndarray | None, str | None]:
         """The language of each document of ``part`` (by source row), or (None, why not)."""
         url = part.input
+        if self.unseen_local and is_local_path(url):
+            return None, self.unseen_local
         meta = self._metadata(url)
         if isinstance(meta, str):
             return None, meta
