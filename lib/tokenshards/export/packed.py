@@ -1,4 +1,4 @@
-"""Row exports: packed sequences (``--seq-len N``, in ``formats.PACKED``) and ``--format hf``.
+"""Row exports: packed sequences (``--seq-len N``: ``formats.PACKED`` and ``TRAINER_FILES``) and ``--format hf``.
 
 How it runs (the client holds counts per partition and one shard's row list at a time):
 1. validation documents per run, as every export chooses them (``valsplit``);
@@ -11,6 +11,8 @@ How it runs (the client holds counts per partition and one shard's row list at a
    sequences); each output shard is a range of rows: small tasks pick its sequences out of the
    partitions' packings, one task writes the shard row group by row group (parquet) or row
    batch by row batch (npy), reading the tokens from the part files as the other exports do;
+   ``megatron`` and ``olmo`` write one file per split (their readers take it whole), so one task
+   writes each split, in the same batches;
 4. local files are written as ``NAME.<uuid>.tmp`` and renamed by the client once all are in;
    other stores get uncommitted uploads (``autocommit=False``) committed by their task; the
    export record, written last, is the commit point either way.
@@ -37,7 +39,7 @@ from . import mix, order
 from .common import ExportSummary, export_record, prepare_dest, paths_used, split_validation
 from .formats import base as format_base
 from .formats import hf
-from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
+from .pack import TRAINER_FILES, Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
 from .shuffle import Catalog, open_runs
 from ..format.reader import MaskFiles, has_masks
 from .view import gather
@@ -106,6 +108,8 @@ class ShardTask:
     storage_options: dict
     mask: bool = False
     """A chat run's: ``labels`` are -100 outside the assistant's tokens (hf), and npy gets a mask file."""
+    label_mask: bool = False
+    """olmo: write the label mask (False on padding, and outside a chat run's assistant mask)."""
 
 
 def pack_part(src: int, k: int, part: PartInfo, following: dict, *, source: Source, threshold, spec: PackSpec,
@@ -218,6 +222,10 @@ def write_shard(task: ShardTask, *blocks: Block, catalog: Catalog) -> tuple[list
     written: list = []
     if task.fmt == "hf":
         _write_parquet(fs, join(root, task.name), task, batches(), length, bounds, filled, written)
+    elif task.fmt == "megatron":
+        _write_megatron(fs, root, task, batches(), length, bounds, filled, written)
+    elif task.fmt == "olmo":
+        _write_olmo(fs, root, task, batches(), length, bounds, filled, written)
     else:
         _write_npy(fs, root, task, batches(), length, bounds, filled, written)
     return written, task.rows, int(filled.sum())
@@ -339,6 +347,45 @@ def _write_npy(fs, root: str, task: ShardTask, batches, length, bounds, filled, 
         out["seq_index"].write(header(dtype="<i8", count=len(bounds)) + bounds.astype("<i8").tobytes())
 
 
+def _write_megatron(fs, root: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
+    """``NAME.bin``: the rows back to back; ``NAME.idx``: one document of N tokens per row."""
+    from .formats.megatron import packed_index
+
+    with _output(fs, join(root, f"{task.name}.bin"), written) as out:
+        for r0, r1, p0, p1, tokens in batches:
+            out.write(_rows_of(task, r0, r1, p0, length, bounds, filled, tokens)["input_ids"].astype(task.dtype).tobytes())
+    with _output(fs, join(root, f"{task.name}.idx"), written) as out:
+        for chunk in packed_index(dtype=task.dtype, rows=task.rows, seq_len=task.seq_len):
+            out.write(chunk)
+
+
+def _write_olmo(fs, root: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
+    """``SPLIT/PREFIX.npy``: the rows back to back, headerless; ``.csv.gz``: every piece's start,end in
+    it; ``SPLIT/label_mask/PREFIX.npy`` when asked: True where the loss is taken."""
+    from .formats.olmo import packed_documents, packed_names
+
+    names = packed_names(task.prefix, task.split, label_mask=task.label_mask)
+    n_tokens = task.rows * task.seq_len
+    with contextlib.ExitStack() as stack:
+        out = {key: stack.enter_context(_output(fs, join(root, name), written)) for key, name in names.items()}
+        for r0, r1, p0, p1, tokens in batches:
+            cols = _rows_of(task, r0, r1, p0, length, bounds, filled, tokens)
+            out["input_ids"].write(cols["input_ids"].astype(task.dtype).tobytes())
+            b = bounds[r0:r1 + 1] - p0
+            piece_len = length[p0:p1].astype(np.int64)
+            cum = np.concatenate([[0], np.cumsum(piece_len)]).astype(np.int64)
+            counts = np.diff(b)
+            rows = np.repeat(np.arange(r0, r1, dtype=np.int64), counts)
+            starts = rows * task.seq_len + cum[:-1] - np.repeat(cum[b[:-1]], counts)
+            out["documents"].write(packed_documents(starts, starts + piece_len, tokens=n_tokens))
+            if "label_mask" in out:
+                real = np.zeros((r1 - r0, task.seq_len), dtype=bool)
+                real.reshape(-1)[ranges(np.arange(r1 - r0, dtype=np.int64) * task.seq_len, filled[r0:r1])] = True
+                if "mask" in cols:
+                    real &= cols["mask"] == 1
+                out["label_mask"].write(real.tobytes())
+
+
 def _npy_header(dtype: str, shape: tuple) -> bytes:
     import io
 
@@ -386,11 +433,11 @@ def run_packed_export(config, *, lease, announce: Callable[[str], None] = print)
     spec = PackSpec(seq_len=config.seq_len, mode=config.pack_mode, bos_align=config.bos_align)
     enc = manifest.encoding
     dtype = config.fmt.dtype(enc.dtype) if config.format != "hf" else enc.dtype
-    columns = config.extra_columns
+    columns = config.extra_columns if config.format not in TRAINER_FILES else ()
     mask = has_masks(manifest)
     if mask and config.format == "hf" and "labels" not in columns:  # a chat run trains on the assistant alone
         columns = (*columns, "labels")
-    pad_id = enc.eot if enc.eot is not None and enc.eot >= 0 else 0
+    pad_id = _trainer_pad(manifest) if config.format in TRAINER_FILES else _pad(manifest)
     sizes = [r.tokens for r in runs]
     val_split = mix.split_val(config.val_tokens, mix.weights_of(config.weights, sizes, names))
     for run, want, size in zip(runs, val_split, sizes):
@@ -470,7 +517,9 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
         n = rows_total[split]
         if not n:
             continue
-        if spec.packed:
+        if config.format in TRAINER_FILES:
+            per = least = n
+        elif spec.packed:
             per = max(1, config.shard_size // config.seq_len)
             least = config.min_shard_size // config.seq_len
         else:
@@ -481,10 +530,12 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
         lo = 0
         for i, size in enumerate(format_base.shard_sizes(n, shard_tokens=per, min_shard_tokens=least)):
             name = (hf.shard_name(config.name_prefix, split, i) if config.format == "hf"
+                    else _trainer_stem(config.format, config.name_prefix, split) if config.format in TRAINER_FILES
                     else f"{config.name_prefix}_{split}_{i:06d}")
             shards.append((ShardTask(fmt=config.format, name=name, prefix=config.name_prefix, index=i, split=split, rows=size, seq_len=spec.seq_len,
                                      columns=columns, pad_id=pad_id, dtype=dtype, dest=config.to,
-                                     storage_options=config.storage_options, mask=mask), lo, lo + size))
+                                     storage_options=config.storage_options, mask=mask,
+                                     label_mask=_label_mask(config, spec, runs[0].manifest)), lo, lo + size))
             lo += size
 
     catalog = client.scatter(Catalog(sources=tuple(r.source for r in runs),
@@ -511,7 +562,8 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
     for task, (files, rows, tokens) in runner.each_result(client, futures, tasks, progress=progress,
                                                           explain=_explain(f"writing {config.to}")):
         written.extend(files)
-        carried[join(dest_root, task.name if task.fmt == "hf" else f"{task.name}.npy")] = tokens  # side files: none
+        main = {"hf": task.name, "megatron": f"{task.name}.bin"}.get(task.fmt, f"{task.name}.npy")
+        carried[join(dest_root, main)] = tokens  # side files: none
         got[task.split][0] += rows
         got[task.split][1] += tokens
     for path, tmp in sorted(written):
@@ -523,8 +575,15 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
                    dest_fs=dest_fs, dest_root=dest_root, lease=lease, t0=t0, copies=copies)
 
 
+def _trainer_stem(fmt: str, prefix: str, split: str) -> str:
+    """A split's file name without its suffix, as the unpacked export of the format names it."""
+    if fmt == "megatron":
+        return f"{prefix}_text_document" if split == "train" else f"{prefix}_val_text_document"
+    return f"{split}/{prefix}"
+
+
 def _split_of(name: str, prefix: str) -> str:
-    if name.startswith(hf.SPLIT_DIRS["val"] + "/") or name.startswith(f"{prefix}_val_"):
+    if name.startswith(hf.SPLIT_DIRS["val"] + "/") or name.startswith("val/") or name.startswith(f"{prefix}_val_"):
         return "val"
     return "train"
 
@@ -546,6 +605,7 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
                              f"{int(c[3]):,} tokens" + (" (the stream's tail)" if spec.mode == "concat" and not spec.bos_align
                                                         else ""))
         splits[split] = counts
+    notes += _trainer_notes(config, runs[0].manifest, spec=spec, dtype=dtype, padded=any(s.padding for s in splits.values()))
     record = export_record(
         config, runs[0].manifest, kind=ROWS, dtype=dtype, source=runs[0].path if len(runs) == 1 else None,
         source_job=runs[0].manifest.job,
@@ -557,7 +617,8 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
                                 "; concat's windows run on across partitions" if spec.mode == "concat" and not spec.bos_align
                                 else ""))
                  if spec.packed else None),
-        columns=("input_ids", *(["seq_lengths"] if spec.packed else []), *columns),
+        columns=(("input_ids", *(["label_mask"] if _label_mask(config, spec, runs[0].manifest) else []))
+                 if config.format in TRAINER_FILES else ("input_ids", *(["seq_lengths"] if spec.packed else []), *columns)),
         order=Order(seed=seed, key="seeded Feistel permutation of whole rows (pack.permute)") if config.shuffled else None,
         sources=tuple(ExportSource(path=r.path, source_job=r.manifest.job, sequences=c.sequences, epochs=c.epochs,
                                    extra=c.extra) for r, c in zip(runs, copies["train"])),
@@ -573,6 +634,41 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
     return ExportSummary(to=config.to, files=[name for name, _ in files], val_docs=splits["val"].docs,
                          val_tokens=splits["val"].tokens, train_docs=splits["train"].docs,
                          train_tokens=splits["train"].tokens, seconds=time.perf_counter() - t0, notes=tuple(notes))
+
+
+def _pad(manifest) -> int:
+    """Best-fit's padding: the run's eot id (0 when it has none)."""
+    enc = manifest.encoding
+    return enc.eot if enc.eot is not None and enc.eot >= 0 else 0
+
+
+def _trainer_pad(manifest) -> int:
+    """megatron's and olmo's padding: the token that ends each document where there is one (the
+    eod or eos the trainer ends documents at: Megatron's --eod-mask-loss then keeps padding out of
+    the loss), else the run's eot id, as ``_pad``: a run with tokens on both sides has its start
+    token as eot."""
+    _, suffix = manifest.encoding.boundaries(manifest.eot_position)
+    return suffix[-1] if suffix else _pad(manifest)
+
+
+def _label_mask(config, spec: PackSpec, manifest) -> bool:
+    """An olmo export writes a label mask where some token must stay out of the loss: best-fit's
+    padding, a chat run's prompts."""
+    return config.format == "olmo" and (spec.mode == "best-fit" or has_masks(manifest))
+
+
+def _trainer_notes(config, manifest, *, spec: PackSpec, dtype: str, padded: bool) -> list[str]:
+    """How the trainer reads a megatron or olmo export's rows and finds their documents."""
+    if config.format not in TRAINER_FILES:
+        return []
+    from .formats import megatron, olmo
+
+    prefix, suffix = manifest.encoding.boundaries(manifest.eot_position)
+    if config.format == "megatron":
+        return megatron.packed_notes(seq_len=spec.seq_len, prefix=prefix, suffix=suffix, padded=padded,
+                                     pad=_trainer_pad(manifest), mask=has_masks(manifest))
+    return olmo.packed_notes(seq_len=spec.seq_len, dtype=dtype, prefix=prefix, suffix=suffix,
+                             label_mask=_label_mask(config, spec, manifest))
 
 
 def _check_card(fs, root: str, config) -> None:

@@ -12,6 +12,14 @@ row is ``start,end`` with both numbers zero-padded to the width of the split's t
 (``int()`` reads ``000123`` as 123, as OLMo-core parses it), and the file is a series of gzip
 members (``gzip`` reads them as one stream) of one stored deflate block each, holding as many
 rows as fit in a stored block's 65,535 bytes.
+
+With ``--seq-len N`` (``export/packed.py`` writes it) the array is the packed rows one after
+the other, so ``NumpyFSLDataset`` with ``sequence_length=N`` reads exactly our rows; the
+``.csv.gz`` holds each row's documents (the pieces packed, padding excluded), and a best-fit
+export (or a chat run's) adds ``SPLIT/label_mask/PREFIX.npy``, one bool byte per token (False on
+padding and, for a chat run, outside the assistant's turns), for ``label_mask_paths``: OLMo-core's
+``get_labels`` never takes the loss where it is False. Inside a row OLMo-core finds documents
+from the eos token itself (``generate_doc_lengths``, ``olmo_core.data.utils.get_document_lengths``).
 """
 from __future__ import annotations
 
@@ -61,6 +69,42 @@ def doc_index_regions(split: str, docs: int, tokens: int) -> tuple[DocRecords, .
     return tuple(regions)
 
 
+LABEL_MASK_FOLDER = "label_mask"
+"""Under each split's folder, so a glob of ``SPLIT/*.npy`` (OLMo-core's ``paths``) never takes a mask for tokens."""
+
+
+def packed_names(prefix: str, split: str, *, label_mask: bool) -> dict[str, str]:
+    """A packed split's files: the rows, their documents, and the label mask when padding or a chat mask needs one."""
+    names = {"input_ids": f"{split}/{prefix}.npy", "documents": f"{split}/{prefix}.csv.gz"}
+    if label_mask:
+        names["label_mask"] = f"{split}/{LABEL_MASK_FOLDER}/{prefix}.npy"
+    return names
+
+
+def packed_documents(starts: np.ndarray, ends: np.ndarray, *, tokens: int) -> bytes:
+    """Gzip members of the ``.csv.gz`` for these documents of a split of ``tokens`` tokens."""
+    return doc_index_members(starts, ends, STORED_MAX // row_width(tokens), len(str(tokens)))
+
+
+def packed_notes(*, seq_len: int, dtype: str, prefix: tuple[int, ...], suffix: tuple[int, ...], label_mask: bool) -> list[str]:
+    """What an OLMo-core user needs to read packed rows with their documents (the summary's lines)."""
+    args = f"sequence_length={seq_len}, dtype={np.dtype(dtype).name}, generate_doc_lengths=True"
+    # No bos_token_id even where documents have one: OLMo-core then ends a document only at an eos followed by
+    # it, and the padding after a row's last document would join it.
+    eos = suffix[-1] if suffix else prefix[-1] if prefix else None
+    if eos is not None:
+        args += f", eos_token_id={eos}"
+    notes = [f"OLMo-core: NumpyFSLDataset(DEST/train/*.npy, {args}) reads the rows whole (val/ likewise)"
+             + ("; label_mask_paths=DEST/train/label_mask/*.npy keeps padding (and a chat run's prompts) out of the loss"
+                if label_mask else "")]
+    if not suffix:
+        notes.append(f"note: this run's documents {'start with ' + str(list(prefix)) if prefix else 'hold no boundary token'}; "
+                     "OLMo-core's doc_lens end a document at each eos, so they are exact only from the .csv.gz "
+                     "(iter_document_indices with use_array_if_local=False); tokenize with --eot suffix (--boundary eos "
+                     "for tokenizers other than tiktoken's) for exact doc_lens")
+    return notes
+
+
 class Olmo(Format):
     name = "olmo"
     reader = "OLMo-core"
@@ -80,7 +124,8 @@ class Olmo(Format):
         return files
 
     def patterns(self, prefix: str) -> list[str]:
-        return [f"{split}/{prefix}{suffix}" for split in ("train", "val") for suffix in (".npy", ".csv.gz")]
+        return [f"{split}/{prefix}{suffix}" for split in ("train", "val") for suffix in (".npy", ".csv.gz")] + [
+            f"{split}/{LABEL_MASK_FOLDER}/{prefix}.npy" for split in ("train", "val")]
 
     def notes(self, files: list[OutFile], plan: Plan) -> list[str]:
         dtype = np.dtype(plan.dtype).name
