@@ -256,6 +256,24 @@ def test_a_run_past_the_bound_is_read_on_a_cluster_and_a_small_one_here(run, clu
     assert len(connected) == 1 and connected[0].scheduler is None  # what it would have started: a local cluster
 
 
+
+def test_local_inputs_the_workers_machines_do_not_see_are_a_note_not_wrong_counts(run, cluster, monkeypatch, capsys):
+    """Workers on another machine than this one, which sees the run's local inputs otherwise (the
+    run itself they see, on a shared disk): the totals and lengths as ever, per language the reason."""
+    from tokenshards.cluster import machines
+
+    worker = next(iter(cluster.workers.values())).worker_address
+    monkeypatch.setattr(machines, "other_machines",
+                        lambda client: [machines.Machine(name="elsewhere", view="another", worker=worker)])
+    real = machines._stat  # what this machine sees; the worker's own check is not patched
+    monkeypatch.setattr(machines, "_stat", lambda path: (1, 1) if path == str(run["input"]) else real(path))
+    text = _printed(capsys, _on_cluster(cluster, "inspect", str(run["out"])))
+    here = _printed(capsys, ["inspect", str(run["out"])])
+    assert text.split("per language")[0] == here.split("per language")[0]
+    assert (f"per language: not available (the workers on elsewhere do not see the input files this machine sees at "
+            f"{run['input']}; put the inputs on s3:// or a filesystem every machine mounts)") in text
+
+
 def test_batches_are_a_few_per_worker_thread_within_bounds():
     from tokenshards.inspect.job import MAX_BATCH, MIN_BATCH, batch_size
 
