@@ -360,10 +360,10 @@ def _add_export(sub) -> None:
                    help="one per OUT: its share of the mixture's train tokens (default: each run's size)")
     p.add_argument("--tokens", type=_token_count, metavar="N",
                    help="train tokens of the mixture, e.g. 10B (default: the most that repeats no run)")
-    packed = " and ".join(formats.PACKED)
     p.add_argument("--seq-len", type=int, metavar="N",
-                   help=f"{packed}: rows of N tokens with each row's document lengths (seq_lengths) and position ids "
-                        "that restart at each document")
+                   help=f"{' and '.join(formats.PACKED)}: rows of N tokens with each row's document lengths (seq_lengths) "
+                        f"and position ids that restart at each document; {' and '.join(formats.PACKED_IN_TRAINER_FILES)}: "
+                        "rows of N tokens in the trainer's own files, its reader finding the documents")
     p.add_argument("--pack", choices=["concat", "best-fit"],
                    help="with --seq-len: concat cuts the stream into N-token windows (default; only the tail is left "
                         "over); best-fit places whole documents (longer ones split at N) and pads")

@@ -91,7 +91,7 @@ class ExportConfig(RunOptions):
 
     def _check_packing(self) -> None:
         from .formats.hf import OPTIONAL_COLUMNS
-        from .pack import MODES, TRAINER_FILES
+        from .pack import MODES
 
         if self.seq_len is None:
             for flag, given in (("--pack", self.pack is not None), ("--bos-align", self.bos_align),
@@ -102,7 +102,7 @@ class ExportConfig(RunOptions):
                 raise UserError("a mixture in hf format needs --seq-len N: weights divide rows of equal size; "
                                 "or export each run on its own")
             return
-        packing = (*formats.PACKED, *TRAINER_FILES)
+        packing = (*formats.PACKED, *formats.PACKED_IN_TRAINER_FILES)
         if self.format not in packing:
             raise UserError(f"--seq-len: {self.format} is a flat token stream its trainer cuts into sequences itself; "
                             f"packed sequences are written by {', '.join(packing)} (--format hf)")
@@ -114,7 +114,7 @@ class ExportConfig(RunOptions):
         if unknown:
             raise UserError(f"--columns {','.join(unknown)}: expected some of {','.join(OPTIONAL_COLUMNS)} "
                             "(input_ids and seq_lengths are always written)")
-        if self.columns is not None and self.format in TRAINER_FILES:
+        if self.columns is not None and self.format in formats.PACKED_IN_TRAINER_FILES:
             raise UserError(f"--columns: {self.format} writes the token ids alone; its trainer derives position ids and "
                             "masks from them (docs/exports/packing.md): leave out --columns")
         if self.columns and self.format != "hf" and set(self.columns) - {"position_ids"}:

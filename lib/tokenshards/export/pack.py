@@ -28,10 +28,6 @@ import numpy as np
 from .order import fmix64
 
 MODES = ("concat", "best-fit")
-TRAINER_FILES = ("megatron", "olmo")
-"""Formats whose packed rows go into the trainer's own files, one file per split (``export/packed.py``):
-the documents in a row are what its reader derives from them (``formats/megatron.py``,
-``formats/olmo.py``), never ``seq_lengths`` or position ids of ours."""
 WINDOW_DOCS = 16_384
 """Documents best-fit looks at together: ~16 M tokens of lengths and ~8,000 open sequences at
 FineWeb's ~1,000-token mean, a few MB whatever the corpus size; padding at N = 2048 stays far

@@ -1,4 +1,4 @@
-"""Row exports: packed sequences (``--seq-len N``: ``formats.PACKED`` and ``TRAINER_FILES``) and ``--format hf``.
+"""Row exports: packed sequences (``--seq-len N``: ``formats.PACKED`` and ``formats.PACKED_IN_TRAINER_FILES``) and ``--format hf``.
 
 How it runs (the client holds counts per partition and one shard's row list at a time):
 1. validation documents per run, as every export chooses them (``valsplit``);
@@ -38,8 +38,8 @@ from ..wording import counted
 from . import mix, order
 from .common import ExportSummary, export_record, prepare_dest, paths_used, split_validation
 from .formats import base as format_base
-from .formats import hf
-from .pack import TRAINER_FILES, Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
+from .formats import PACKED_IN_TRAINER_FILES, hf
+from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
 from .shuffle import Catalog, open_runs
 from ..format.reader import MaskFiles, has_masks
 from .view import gather
@@ -433,11 +433,11 @@ def run_packed_export(config, *, lease, announce: Callable[[str], None] = print)
     spec = PackSpec(seq_len=config.seq_len, mode=config.pack_mode, bos_align=config.bos_align)
     enc = manifest.encoding
     dtype = config.fmt.dtype(enc.dtype) if config.format != "hf" else enc.dtype
-    columns = config.extra_columns if config.format not in TRAINER_FILES else ()
+    columns = config.extra_columns if config.format not in PACKED_IN_TRAINER_FILES else ()
     mask = has_masks(manifest)
     if mask and config.format == "hf" and "labels" not in columns:  # a chat run trains on the assistant alone
         columns = (*columns, "labels")
-    pad_id = _trainer_pad(manifest) if config.format in TRAINER_FILES else _pad(manifest)
+    pad_id = _trainer_pad(manifest) if config.format in PACKED_IN_TRAINER_FILES else _pad(manifest)
     sizes = [r.tokens for r in runs]
     val_split = mix.split_val(config.val_tokens, mix.weights_of(config.weights, sizes, names))
     for run, want, size in zip(runs, val_split, sizes):
@@ -517,7 +517,7 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
         n = rows_total[split]
         if not n:
             continue
-        if config.format in TRAINER_FILES:
+        if config.format in PACKED_IN_TRAINER_FILES:
             per = least = n
         elif spec.packed:
             per = max(1, config.shard_size // config.seq_len)
@@ -530,7 +530,7 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
         lo = 0
         for i, size in enumerate(format_base.shard_sizes(n, shard_tokens=per, min_shard_tokens=least)):
             name = (hf.shard_name(config.name_prefix, split, i) if config.format == "hf"
-                    else _trainer_stem(config.format, config.name_prefix, split) if config.format in TRAINER_FILES
+                    else _trainer_stem(config.format, config.name_prefix, split) if config.format in PACKED_IN_TRAINER_FILES
                     else f"{config.name_prefix}_{split}_{i:06d}")
             shards.append((ShardTask(fmt=config.format, name=name, prefix=config.name_prefix, index=i, split=split, rows=size, seq_len=spec.seq_len,
                                      columns=columns, pad_id=pad_id, dtype=dtype, dest=config.to,
@@ -618,7 +618,7 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
                                 else ""))
                  if spec.packed else None),
         columns=(("input_ids", *(["label_mask"] if _label_mask(config, spec, runs[0].manifest) else []))
-                 if config.format in TRAINER_FILES else ("input_ids", *(["seq_lengths"] if spec.packed else []), *columns)),
+                 if config.format in PACKED_IN_TRAINER_FILES else ("input_ids", *(["seq_lengths"] if spec.packed else []), *columns)),
         order=Order(seed=seed, key="seeded Feistel permutation of whole rows (pack.permute)") if config.shuffled else None,
         sources=tuple(ExportSource(path=r.path, source_job=r.manifest.job, sequences=c.sequences, epochs=c.epochs,
                                    extra=c.extra) for r, c in zip(runs, copies["train"])),
@@ -659,7 +659,7 @@ def _label_mask(config, spec: PackSpec, manifest) -> bool:
 
 def _trainer_notes(config, manifest, *, spec: PackSpec, dtype: str, padded: bool) -> list[str]:
     """How the trainer reads a megatron or olmo export's rows and finds their documents."""
-    if config.format not in TRAINER_FILES:
+    if config.format not in PACKED_IN_TRAINER_FILES:
         return []
     from .formats import megatron, olmo
 

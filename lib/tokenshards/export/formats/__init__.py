@@ -13,7 +13,12 @@ from .base import DEFAULT_PREFIX, MIN_SHARD_FRACTION, Format, Plan, shard_sizes,
 
 _MODULES = (llmc, npy, nanogpt, megatron, olmo, datatrove, litdata, mds, hf)
 PACKED = ("hf", "npy")
-"""Formats that take ``--seq-len`` (rows of N tokens); the others are flat streams their trainers cut."""
+"""Formats whose packed rows (``--seq-len N``) carry our ``seq_lengths`` and position ids."""
+PACKED_IN_TRAINER_FILES = ("megatron", "olmo")
+"""Formats whose packed rows go into the trainer's own files, one file per split (``export/packed.py``):
+the documents in a row are what its reader derives from them (``formats/megatron.py``,
+``formats/olmo.py``), never ``seq_lengths`` or position ids of ours. The other formats are flat
+streams their trainers cut."""
 REGISTRY: dict[str, Format] = {m.FORMAT.name: m.FORMAT for m in _MODULES}
 FORMATS = tuple(REGISTRY)
 
@@ -32,5 +37,5 @@ def shard_files(*, fmt: str, prefix: str, streams: Streams, shard_tokens: int, d
                                         min_shard_tokens=min_shard_tokens))
 
 
-__all__ = ["DEFAULT_PREFIX", "FORMATS", "PACKED", "MIN_SHARD_FRACTION", "REGISTRY", "Format", "Plan", "get", "shard_files",
+__all__ = ["DEFAULT_PREFIX", "FORMATS", "PACKED", "PACKED_IN_TRAINER_FILES", "MIN_SHARD_FRACTION", "REGISTRY", "Format", "Plan", "get", "shard_files",
            "shard_sizes"]
