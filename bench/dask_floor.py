@@ -42,7 +42,7 @@ def _frames(client, n: int) -> list:
     import dask
     import dask.dataframe as dd
 
-    from tokenshards.tokenize.job import DASK_SETTINGS
+    from tokenshards.tokenize.command import DASK_SETTINGS
     from tokenshards.tokenize.task import RESULT_META
 
     with dask.config.set(DASK_SETTINGS):

@@ -23,7 +23,7 @@ sys.modules.setdefault("torchvision", None)
 from s3server import s3  # noqa: F401  (the S3 fixture, for every test module)
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.encoding.encoders import load_encoding
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 pytest_plugins = ("tokenizerfiles", "gcsserver", "azurite")
 """Fixtures that live beside their helpers: the real tokenizer files, the GCS emulator, Azurite."""

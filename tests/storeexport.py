@@ -19,10 +19,10 @@ from conftest import download
 from test_s3 import write_corpus
 
 from tokenshards.bpe.train import TrainBpeConfig, run_train_bpe
-from tokenshards.export.job import ExportConfig, run_export
+from tokenshards.export.command import ExportConfig, run_export
 from tokenshards.storage.store import PARTS_FOLDER, filesystem, write_atomic
 from tokenshards.tokenize.config import TokenizeConfig
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 VAL = 2000
 

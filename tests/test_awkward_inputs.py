@@ -14,14 +14,14 @@ import pytest
 from readback import expected_tokens, read_documents
 
 from conftest import not_utf8, write_parquet
-import tokenshards.verify.job as verify_job
+import tokenshards.verify.command as verify_command
 from tokenshards.encoding.backends import TiktokenBackend
 from tokenshards.errors import UserError
 from tokenshards.format import v1
 from tokenshards.tokenize.config import TokenizeConfig
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 from tokenshards.verify.checks import Expected
-from tokenshards.verify.job import VerifyConfig, run_verify
+from tokenshards.verify.command import VerifyConfig, run_verify
 
 TEXTS = [f"document {i}: the cat sat on the mat, Straße 東京 🙂 " * (1 + i % 7) for i in range(60)]
 
@@ -157,14 +157,14 @@ def test_verify_deep_reports_an_input_replaced_during_its_read(tokenize, tmp_pat
                         eot_position=manifest.eot_position, job=manifest.done_job(), text_column="text",
                         encoder=Encoder(), input_identities=recorded)
     sample = list(range(docs.num_rows))
-    assert verify_job._compare_sample(entry, sample, docs, values, expected=expected,
+    assert verify_command._compare_sample(entry, sample, docs, values, expected=expected,
                                       storage_options={}) == ([], len(sample))
-    real = verify_job._read_rows
+    real = verify_command._read_rows
 
     def replaced_meanwhile(*args, **kwargs):
         _same_layout_new_text(src)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(verify_job, "_read_rows", replaced_meanwhile)
-    problems, compared = verify_job._compare_sample(entry, sample, docs, values, expected=expected, storage_options={})
+    monkeypatch.setattr(verify_command, "_read_rows", replaced_meanwhile)
+    problems, compared = verify_command._compare_sample(entry, sample, docs, values, expected=expected, storage_options={})
     assert compared == 0 and len(problems) == 1 and "input changed since the run" in problems[0], problems

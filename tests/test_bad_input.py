@@ -9,7 +9,7 @@ import pytest
 from conftest import corrupt_data_pages, write_parquet
 from readback import read_documents
 from tokenshards.errors import InputError, OutputConflict, UserError
-from tokenshards.verify.job import VerifyConfig, run_verify
+from tokenshards.verify.command import VerifyConfig, run_verify
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 TEXTS = [f"document number {i} with some words in it" for i in range(200)]

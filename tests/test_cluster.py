@@ -24,7 +24,7 @@ from tokenshards.cluster.configfile import load_cluster_config
 from tokenshards.cluster.connect import connect, kubernetes_spec, slurm_cluster
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 CONFIGS = Path(__file__).resolve().parent.parent / "cluster_configs"
 DASK = str(Path(sys.executable).with_name("dask"))
@@ -482,7 +482,7 @@ def test_each_cluster_command_names_the_job_it_imports_at_start_up(command, runs
     from tokenshards.cli import build_parser
 
     args, _ = build_parser().parse_known_args(command)
-    assert callable(getattr(importlib.import_module(args.job_module), runs))
+    assert callable(getattr(importlib.import_module(args.command_module), runs))
 
 
 def test_default_local_cluster_has_a_worker_per_core():

@@ -15,7 +15,7 @@ from conftest import write_parquet
 from tokenshards.cluster.connect import loopback_unless_named
 from tokenshards.errors import UserError
 from tokenshards.tokenize.config import TokenizeConfig
-from tokenshards.tokenize.job import refuse_out_among_inputs
+from tokenshards.tokenize.command import refuse_out_among_inputs
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 

@@ -22,7 +22,7 @@ from tokenshards.cli import main
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
 from tokenshards.export import ExportConfig, run_export
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 WORDS = ("the cat sat on a mat; Straße naïve café 東京 🙂 <|endoftext|> 1234567 tab\there "
          "\n\nnew paragraph — dashes – and ‘quotes’ ").split(" ")

@@ -108,20 +108,20 @@ def test_submission_groups_pieces_by_file_and_puts_small_ends_last():
 def test_verify_deep_reads_a_file_footer_once_per_worker(tmp_path, monkeypatch):
     """``verify --deep`` re-reads sampled rows partition by partition: with the identity the run
     recorded, one parse of the footer serves them all; without one, each read parses it again."""
-    import tokenshards.verify.job as verify_job
+    import tokenshards.verify.command as verify_command
 
     src = tmp_path / "in.parquet"
     texts = [f"document {i}: 🙂 中文 {i}" for i in range(200)]
     pq.write_table(pa.table({"text": texts}), src, row_group_size=20)
-    monkeypatch.setattr(verify_job, "WORKER_FOOTERS", FooterCache())
+    monkeypatch.setattr(verify_command, "WORKER_FOOTERS", FooterCache())
     parsed = _count_parses(monkeypatch)
     identity = (("size", os.path.getsize(src)),)
     for g in range(10):
-        got = verify_job._read_rows(str(src), [g * 20 + 3], row_groups=(g, g + 1), text_column="text",
+        got = verify_command._read_rows(str(src), [g * 20 + 3], row_groups=(g, g + 1), text_column="text",
                                     storage_options={}, identity=identity)
         assert got == {g * 20 + 3: texts[g * 20 + 3]}
     assert parsed.count(True) == 1 and len(parsed) == 10
     parsed.clear()
     for g in range(3):
-        verify_job._read_rows(str(src), [g * 20], row_groups=(g, g + 1), text_column="text", storage_options={})
+        verify_command._read_rows(str(src), [g * 20], row_groups=(g, g + 1), text_column="text", storage_options={})
     assert parsed == [True, True, True]

@@ -28,7 +28,7 @@ from tokenshards.errors import UserError
 from tokenshards.storage import store
 from tokenshards.storage.lease import Lease, LeaseHeld, LeaseLost, _Conflict, _GCSOps
 from tokenshards.tokenize.config import TokenizeConfig
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 
 def config(gcs: GCSServer, cluster, inputs, out, **options) -> TokenizeConfig:

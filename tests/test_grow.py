@@ -28,8 +28,8 @@ from tokenshards.format.v1 import Encoding, Manifest, Totals
 from tokenshards.inspect.stats import inspect_output, report_lines
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.grow import inputs_to_add
-from tokenshards.tokenize.job import run_tokenize
-from tokenshards.verify.job import VerifyConfig, run_verify
+from tokenshards.tokenize.command import run_tokenize
+from tokenshards.verify.command import VerifyConfig, run_verify
 
 PARTITION_BYTES = 6000
 STEPS = (("a0", "a1"), ("b0",), ("c0",))

@@ -16,7 +16,7 @@ from tokenshards.errors import UserError
 from tokenshards.format import v1
 from tokenshards.format.reader import TokenDataset
 from tokenshards.tokenize.config import TokenizeConfig
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 TEXTS = [topics[name] for name in sorted(topics)[:24]]

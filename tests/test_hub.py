@@ -32,8 +32,8 @@ from tokenshards.storage import hub, store
 from tokenshards.storage.hub import HubDataset
 from tokenshards.storage.store import filesystem
 from tokenshards.tokenize.config import TokenizeConfig
-from tokenshards.tokenize.job import run_tokenize
-from tokenshards.verify.job import VerifyConfig, run_verify
+from tokenshards.tokenize.command import run_tokenize
+from tokenshards.verify.command import VerifyConfig, run_verify
 
 REPO = "HuggingFaceFW/fineweb"
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))

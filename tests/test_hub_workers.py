@@ -27,8 +27,8 @@ from hubserver import HubServer
 from tokenshards.errors import UserError
 from tokenshards.storage.hub import FOOTER_TAIL, HubDataset
 from tokenshards.tokenize.config import TokenizeConfig
-from tokenshards.tokenize.job import run_tokenize
-from tokenshards.verify.job import VerifyConfig, run_verify
+from tokenshards.tokenize.command import run_tokenize
+from tokenshards.verify.command import VerifyConfig, run_verify
 
 REPO = "HuggingFaceFW/fineweb"
 PARTITION = 200_000

@@ -12,7 +12,7 @@ from distributed import Client
 from tokenshards import namespaces
 from tokenshards.cluster import machines
 from tokenshards.errors import UserError
-from tokenshards.tokenize.job import _check_parts_here
+from tokenshards.tokenize.command import _check_parts_here
 from tokenshards.storage.store import filesystem
 
 

@@ -10,7 +10,7 @@ import pytest
 from distributed import Client, LocalCluster
 
 from tokenshards.tokenize.config import TokenizeConfig
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 MAX_MB_PER_MB = 10
 """The bound the README states; measured ~8 with splintr or tiktoken on text holding emoji

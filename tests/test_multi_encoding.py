@@ -16,7 +16,7 @@ from tokenshards.bpe.train import TrainBpeConfig, run_train_bpe
 from tokenshards.cli import main
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.tokenize.config import TokenizeConfig
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 PARTITION_MB = "0.004"  # ~5 partitions of the corpus below
 WORDS = ["the", "river", "data", "Straße", "über", "мир", "данные", "数据", "データ", "🙂", "naïve", "x=1;", "2026",
@@ -116,7 +116,7 @@ def test_one_out_on_s3_and_one_on_disk(cluster, corpus, alone, s3, tmp_path):
     """Each OUT is reached through its own filesystem: an S3 prefix (moto's server) holds the same
     objects as the local folder of gpt2's separate run."""
     from tokenshards.tokenize.config import Output
-    from tokenshards.tokenize.job import run_tokenize_each
+    from tokenshards.tokenize.command import run_tokenize_each
 
     bucket = s3.make_bucket()
     config = TokenizeConfig(inputs=(str(corpus),), out=f"s3://{bucket}/gpt2", encoding="gpt2",
@@ -222,7 +222,7 @@ def test_one_task_per_planned_partition_with_several_outputs(corpus, tmp_path):
     import dask
 
     from tokenshards.encoding.plugin import EncoderPlugin
-    from tokenshards.tokenize.job import DASK_SETTINGS, partition_tasks
+    from tokenshards.tokenize.command import DASK_SETTINGS, partition_tasks
     from tokenshards.corpus.plan import plan_pieces, read_input_metadata
     from tokenshards.tokenize.task import TaskSettings
 

@@ -17,7 +17,7 @@ from readback import read_documents
 from tokenshards import TokenDataset
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 WORDS = "one two three Straße naïve 東京 🙂 <|endoftext|> 42 \n\n — ‘quoted’".split(" ")
 

@@ -12,7 +12,7 @@ import pytest
 from daskprocs import dask_processes
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.demo import help_topics
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 PARTITION_BYTES = 250_000
@@ -105,7 +105,7 @@ def test_resume_with_another_backend_records_both(big_corpus, clean_run, tmp_pat
     import json
     import shutil
 
-    from tokenshards.verify.job import VerifyConfig, run_verify
+    from tokenshards.verify.command import VerifyConfig, run_verify
 
     out = tmp_path / "mixed"
     shutil.copytree(clean_run, out)

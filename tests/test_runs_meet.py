@@ -17,7 +17,7 @@ from tokenshards.demo import help_topics
 from tokenshards.errors import UserError
 LEASE_FILE = ".tokenshards-lease.json"
 from tokenshards.tokenize.config import TokenizeConfig
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 PARTITION_BYTES = 200_000
@@ -178,7 +178,7 @@ def test_two_runs_share_one_dask_scheduler(corpus, tmp_path):
 
 
 def test_export_refuses_a_folder_a_live_run_writes(corpus, tmp_path, cluster):
-    from tokenshards.export.job import ExportConfig, run_export
+    from tokenshards.export.command import ExportConfig, run_export
 
     out = tmp_path / "out"
     run_tokenize(_config(corpus, out, cluster), announce=lambda m: None)

@@ -25,7 +25,7 @@ from tokenshards.storage import store
 from tokenshards.cli import main
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 WORDS = ("the cat sat on a mat; Straße naïve café 東京 🙂 <|endoftext|> 1234567 tab\there "
          "\n\nnew paragraph — dashes – and ‘quotes’ ").split(" ")
@@ -154,8 +154,8 @@ def test_storage_options_hide_their_values():
 def test_a_storage_option_of_the_wrong_shape_is_one_line_in_every_config():
     """Every job's config goes through RunOptions, which checks and wraps the options once."""
     from tokenshards.bpe.train import TrainBpeConfig
-    from tokenshards.export.job import ExportConfig
-    from tokenshards.verify.job import VerifyConfig
+    from tokenshards.export.command import ExportConfig
+    from tokenshards.verify.command import VerifyConfig
 
     bad = {"secret": "hunter2", "client_kwargs": "endpoint_url=http://x"}
     makers = [lambda: TokenizeConfig(inputs=("x",), out="y", storage_options=bad),

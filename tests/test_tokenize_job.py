@@ -13,7 +13,7 @@ from readback import expected_tokens, read_documents
 from test_tokenize_pure import AWKWARD
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.demo import build_demo_corpus
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 
@@ -201,7 +201,7 @@ def test_one_task_per_planned_partition(corpus, tmp_path):
     import dask
 
     from tokenshards.encoding.encoders import load_encoding
-    from tokenshards.tokenize.job import DASK_SETTINGS, partition_tasks
+    from tokenshards.tokenize.command import DASK_SETTINGS, partition_tasks
 
     pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
     assert len(pieces) > 3
@@ -229,7 +229,7 @@ def test_a_partition_task_names_only_modules_the_workers_start_with(corpus, tmp_
 
     from tokenshards.tokenize.workers import forkserver_preload
     from tokenshards.encoding.encoders import load_encoding
-    from tokenshards.tokenize.job import DASK_SETTINGS, partition_tasks
+    from tokenshards.tokenize.command import DASK_SETTINGS, partition_tasks
 
     pieces, settings = _pieces_and_settings(corpus, tmp_path, load_encoding("gpt2"))
     with dask.config.set(DASK_SETTINGS):

@@ -299,7 +299,7 @@ def test_trained_encoding_drives_tokenize(trained, tokenize, corpus):
 
 
 def test_verify_accepts_the_output(trained, tokenize, corpus, cluster):
-    verify = pytest.importorskip("tokenshards.verify.job")
+    verify = pytest.importorskip("tokenshards.verify.command")
     _, out = trained
     _, result = tokenize([str(corpus)], encoding=str(out))
     report = verify.run_verify(verify.VerifyConfig(out=str(result), deep=20, scheduler=cluster.scheduler_address),

@@ -17,9 +17,9 @@ from tokenshards.format import v1
 from tokenshards.cli import main
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.errors import UserError
-from tokenshards.tokenize.job import run_tokenize
+from tokenshards.tokenize.command import run_tokenize
 from tokenshards.verify.checks import _ranges, check_layout, choose_sample, compare_document
-from tokenshards.verify.job import VerifyConfig, run_verify
+from tokenshards.verify.command import VerifyConfig, run_verify
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 TEXTS = [topics[name] for name in sorted(topics)[:48]]

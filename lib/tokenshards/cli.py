@@ -62,11 +62,11 @@ def _add_input_argument(p, what: str) -> None:
                    help=f"{what}; several after one --input (an unquoted glob the shell expanded), or repeat --input")
 
 
-def _add_cluster_arguments(p, *, job: str) -> None:
-    """Where a job runs: the same options for every command that starts Dask work. ``job``: the
-    module its run function imports, imported early where a local cluster will start
+def _add_cluster_arguments(p, *, command: str) -> None:
+    """Where a command runs: the same options for every command that starts Dask work. ``command``:
+    the module that runs it, imported early where a local cluster will start
     (``_prestart_local_workers``)."""
-    p.set_defaults(job_module=job)
+    p.set_defaults(command_module=command)
     p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
     p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
     p.add_argument("--cluster", metavar="CONFIG.yaml",
@@ -114,7 +114,7 @@ def _add_tokenize(sub) -> None:
     _add_input_argument(p, "parquet file, folder, glob or URL (s3://, hf://)")
     p.add_argument("--out", required=True, action="append",
                    help="output folder or s3://bucket/prefix; repeated, one per --encoding, in the same order")
-    _add_cluster_arguments(p, job="tokenshards.tokenize.job")
+    _add_cluster_arguments(p, command="tokenshards.tokenize.command")
     p.add_argument("--encoding", action="append",
                    help=f"the tokenizer: {'; '.join(names.FORMS)} (default: gpt2); repeat it, with an --out "
                         "for each, to write several encodings from one read of the corpus")
@@ -210,7 +210,7 @@ def _run_download(args) -> int:
 
 def _run_tokenize(args) -> int:
     from .tokenize.config import Output, TokenizeConfig
-    from .tokenize.job import run_tokenize_each
+    from .tokenize.command import run_tokenize_each
 
     [first, *more] = _paired_outputs(args.encoding, args.out)
     config = TokenizeConfig(
@@ -309,7 +309,7 @@ def _add_train_bpe(sub) -> None:
                         "They break ties differently (BpeTrainer's rule vs the greater byte pair)")
     p.add_argument("--text-column", default="text")
     _add_on_bad_file_argument(p, "recorded in the sidecar FILE.tiktoken.json")
-    _add_cluster_arguments(p, job="tokenshards.bpe.train")
+    _add_cluster_arguments(p, command="tokenshards.bpe.train")
     p.add_argument("--partition-mb", type=float, default=None,
                    help="text per partition in MB (default: as tokenize chooses, 8 MiB or more for huge corpora)")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
@@ -372,7 +372,7 @@ def _add_export(sub) -> None:
     p.add_argument("--columns", type=lambda s: tuple(c for c in s.split(",") if c), metavar="A,B",
                    help="with --seq-len: optional columns, of position_ids,attention_mask,labels (labels: hf only; "
                         "default position_ids)")
-    _add_cluster_arguments(p, job="tokenshards.export.job")
+    _add_cluster_arguments(p, command="tokenshards.export.command")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT and DEST; repeatable")
     p.set_defaults(run=_run_export)
@@ -411,14 +411,14 @@ def _add_verify(sub) -> None:
     p.add_argument("--download-dir", metavar="DIR",
                    help="with --deep, for a --fetch workers run: where each machine keeps its copies of the Hub files "
                         "(default: the run's --download-dir, else the HF cache); files not there are read from the Hub")
-    _add_cluster_arguments(p, job="tokenshards.verify.job")
+    _add_cluster_arguments(p, command="tokenshards.verify.command")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT and (with --deep) the inputs; repeatable")
     p.set_defaults(run=_run_verify)
 
 
 def _run_verify(args) -> int:
-    from .verify.job import VerifyConfig, run_verify
+    from .verify.command import VerifyConfig, run_verify
 
     config = VerifyConfig(out=args.out, deep=args.deep, seed=args.seed, download_dir=args.download_dir,
                           encoding=args.encoding, **_run_options(args))
@@ -435,14 +435,14 @@ def _add_inspect(sub) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="write a histogram of document lengths in tokens (log x)")
     p.add_argument("--language-column", default="language",
                    help="input column counted per language (default: language, as in FineWeb)")
-    _add_cluster_arguments(p, job="tokenshards.inspect.job")
+    _add_cluster_arguments(p, command="tokenshards.inspect.command")
     p.add_argument("--storage-option", action="append", type=_storage_option, metavar="KEY=VALUE",
                    help="passed to fsspec/s3fs, for OUT, the inputs and --plot; repeatable")
     p.set_defaults(run=_run_inspect)
 
 
 def _run_inspect(args) -> int:
-    from .inspect.job import InspectConfig, run_inspect
+    from .inspect.command import InspectConfig, run_inspect
     from .inspect.stats import plot_format, plot_lengths, report_lines
 
     config = InspectConfig(out=args.out, language_column=args.language_column, **_run_options(args))
@@ -524,7 +524,7 @@ def _prestart_local_workers(args) -> None:
         preload = forkserver_preload(args.encoding or ["gpt2"], backend) if backend else forkserver_preload()
         if start_forkserver(preload):
             prebuilt.started(preload)
-        importlib.import_module(args.job_module)
+        importlib.import_module(args.command_module)
 
 
 def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> int:

@@ -1,4 +1,4 @@
-"""What both export drivers stand on (``job.py``: documents in manifest order; ``shuffle.py``:
+"""What both export drivers stand on (``command.py``: documents in manifest order; ``shuffle.py``:
 seeded and mixed): DEST's lease and its earlier files, the validation candidates, writing every
 file in parallel chunks and committing them together, the record and the summary. Neither driver
 imports the other's module for these; ``job.run_export`` only hands shuffled exports to ``shuffle``.

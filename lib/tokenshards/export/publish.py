@@ -45,7 +45,7 @@ from ..storage.hubrepo import HubDestination
 from ..storage.store import filesystem, is_local
 from ..wording import counted, human
 from . import card as cards
-from .job import ExportConfig, ExportSummary, run_export
+from .command import ExportConfig, ExportSummary, run_export
 
 COMMIT_FILES = 50
 """Shards per commit: 50 llm.c shards of 100 M tokens are 10 GB, well under what one Hub commit

@@ -22,7 +22,7 @@ SPLITS = ("val", "train")
 """The order in which ``splits`` lists them."""
 
 ORDERED, SHUFFLED, ROWS = "ordered", "shuffled", "rows"
-"""Which export wrote a record: documents in manifest order (``export/job.py``), shuffled or
+"""Which export wrote a record: documents in manifest order (``export/command.py``), shuffled or
 mixed documents (``export/shuffle.py``), rows of a row-group format or of packed sequences
 (``export/packed.py``)."""
 _SETTINGS = ("encoding", "eot_position", "dtype", "shard_tokens", "min_shard_tokens", "val_tokens_requested")

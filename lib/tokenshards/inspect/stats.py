@@ -3,7 +3,7 @@
 The reading is one function, ``summarize_partitions``: a batch of partitions in, a small
 mergeable ``Summary`` out (a fixed log-spaced histogram of document lengths, exact below 301
 tokens and bins under 0.7% wide above, from which the percentiles and the plot come; totals; a
-Counter per language). ``inspect.job`` runs it as cluster tasks and combines the summaries in a
+Counter per language). ``inspect.command`` runs it as cluster tasks and combines the summaries in a
 tree on the workers; a small run is read by the same function in this process
 (``inspect_output``). Either way a batch streams a few partitions at a time (a few threads for I/O
 latency, a bounded window of them), so memory stays flat however large the run. Per-language
@@ -169,7 +169,7 @@ class RunStats(Summary):
 def inspect_output(out: str, *, storage_options: dict | None = None, language_column: str = "language",
                    threads: int = 8) -> RunStats:
     """Read OUT's manifest, then every partition's docs file (and its input's language column), in
-    this process: ``inspect.job.run_inspect`` does this for small runs, the cluster for the rest."""
+    this process: ``inspect.command.run_inspect`` does this for small runs, the cluster for the rest."""
     fs, root, manifest = v1.open_finished(out, storage_options)
     return inspect_here(out, fs, root, manifest, storage_options=storage_options, language_column=language_column,
                         threads=threads)

@@ -3,7 +3,7 @@
 ``tokenize_partition(piece, settings=, backend=)`` is all of it as a plain function. On the
 cluster the job keeps Dask's DataFrame shape: ``dd.from_map(read_piece, pieces)`` reads, and
 ``map_partitions(write_frame, <the pieces, one per partition>)`` tokenizes and writes; Dask
-fuses them into one task per planned piece (the job pins that, see ``job.py``). A run of several
+fuses them into one task per planned piece (the job pins that, see ``command.py``). A run of several
 encodings reads a piece once and writes it for each output that lacks it (``write_outputs``).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pure: what one export format is, as the drivers (``export/job.py``, ``export/shuffle.py``) use it.
+"""Pure: what one export format is, as the drivers (``export/command.py``, ``export/shuffle.py``) use it.
 
 A format is one object: the files it writes for a split's stream (names and regions, see
 ``export/layout.py``: headers and index arrays included), the dtype it stores and what it refuses,
