@@ -34,6 +34,7 @@ from ..cluster.progress import Progress
 from ..wording import counted, human
 from ..storage.hubspec import PROTOCOL
 from ..storage.lease import Lease
+from ..storage.place import Place
 from ..storage.store import (abort_stale_uploads, ensure_writable, file_identity_like, filesystem, is_local, join,
                              remove_stale_probes)
 
@@ -109,18 +110,18 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
     fresh: list[_Fresh] = []
     try:
         for output in config.outputs:
-            out_fs, out_root = filesystem(output.out, config.storage_options)
-            fresh.append(_Fresh.before(out_fs, out_root))
-            ensure_writable(out_fs, out_root, output.out)  # a missing bucket or dead endpoint fails here, in one line
-            places.append((output, out_fs, out_root))
+            place = Place.at(output.out, config.storage_options)
+            fresh.append(_Fresh.before(place.fs, place.root))
+            ensure_writable(place.fs, place.root, place.url)  # a missing bucket or dead endpoint fails here, in one line
+            places.append((output, place))
         # One live writer per OUT: taken before anything in OUT is removed or written, held to the end.
         with contextlib.ExitStack() as held:
             outs = []
-            for (output, out_fs, out_root), new in zip(places, fresh):
-                lease = held.enter_context(Lease(out_fs, out_root, url=output.out, command="tokenize", announce=announce))
+            for (output, place), new in zip(places, fresh):
+                lease = held.enter_context(Lease(place, command="tokenize", announce=announce))
                 new.owned = True
-                outs.append(_Output(config=config.for_output(output), fs=out_fs, root=out_root, several=len(places) > 1,
-                                    lease=lease))
+                outs.append(_Output(config=config.for_output(output), fs=place.fs, root=place.root,
+                                    several=len(places) > 1, lease=lease))
             try:
                 return _run_owned(config, sources, outs, t0=t0, announce=announce)
             except BaseException:
