@@ -32,7 +32,7 @@ class PartDocs:
 
 
 def open_manifest(out: str, storage_options: dict | None = None) -> v1.FinishedRun:
-    """(fs, root, manifest) for OUT; a folder without a format v1 manifest is refused."""
+    """(place, manifest) for OUT; a folder without a format v1 manifest is refused."""
     return v1.open_finished(out, storage_options)
 
 
@@ -169,9 +169,9 @@ class TokenDataset:
 
     def __init__(self, out: str, *, storage_options: dict | None = None):
         self.out = out
-        fs, root, self.manifest = open_manifest(out, storage_options)
+        run, self.manifest = open_manifest(out, storage_options)
         parts = self.manifest.by_index()
-        self._files = PartitionFiles(fs, root, dtype=self.manifest.encoding.dtype, partitions=parts)
+        self._files = PartitionFiles(run.fs, run.root, dtype=self.manifest.encoding.dtype, partitions=parts)
         self._doc_bounds = np.concatenate([[0], np.cumsum([p.docs for p in parts], dtype=np.int64)])
         self._token_bounds = np.concatenate([[0], np.cumsum([p.tokens for p in parts], dtype=np.int64)])
         self._docs: dict[int, PartDocs] = {}

@@ -16,14 +16,14 @@ import stat
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, Sequence
 
-import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..corpus.plan import BadInput, InputFile
 from ..errors import UserError
-from ..storage.store import filesystem, is_local, join, read_json, write_json
+from ..storage.place import Place
+from ..storage.store import join
 
 
 FORMAT = "tokenshards/1"
@@ -778,34 +778,34 @@ def _skipped_entry(bad: BadInput) -> dict:
     return entry
 
 
-def write_manifest(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest) -> None:
-    write_json(fs, join(root, MANIFEST), manifest.to_dict())
+def write_manifest(run: Place, manifest: Manifest) -> None:
+    run.write_json(MANIFEST, manifest.to_dict())
 
 
-def read_manifest_json(fs: fsspec.AbstractFileSystem, root: str):
+def read_manifest_json(run: Place):
     """The manifest as JSON, unchecked: for ``verify``, which reports what is wrong rather than
     refusing. ``ManifestError`` when a local manifest.json is not a regular file (never opened:
     a FIFO would hang the reader)."""
-    path = join(root, MANIFEST)
-    if is_local(fs):
-        mode = os.stat(path).st_mode  # FileNotFoundError as the read's would be
+    if run.is_local:
+        mode = os.stat(run.join(MANIFEST)).st_mode  # FileNotFoundError as the read's would be
         if not stat.S_ISREG(mode):
             raise ManifestError(f"not a regular file ({file_kind(mode)}); it is not opened")
-    return read_json(fs, path)
+    return run.read_json(MANIFEST)
 
 
-def read_manifest(fs: fsspec.AbstractFileSystem, root: str) -> Manifest:
+def read_manifest(run: Place) -> Manifest:
     """Raises FileNotFoundError, ``ManifestError`` (not format v1) or ValueError (not JSON)."""
-    return Manifest.from_dict(read_manifest_json(fs, root))
+    return Manifest.from_dict(read_manifest_json(run))
 
 
-def local_file_problems(fs: fsspec.AbstractFileSystem, root: str, manifest: Manifest) -> list[str]:
+def local_file_problems(run: Place, manifest: Manifest) -> list[str]:
     """Where OUT is a local folder: every file the manifest lists that exists must be a regular
     file inside OUT once symlinks are followed (a FIFO would hang whoever opens it, a symlink
     could lead into another run or the system). Only ``lstat``/``stat``, never an open; a missing
     file is left to whoever reads it. Paths already passed ``relative_path_problem``."""
-    if not is_local(fs):
+    if not run.is_local:
         return []
+    root = run.root
     base = os.path.realpath(root)
     inside = base.rstrip(os.sep) + os.sep
     folders: dict[str, bool] = {}
@@ -854,20 +854,18 @@ def file_kind(mode: int) -> str:
 class FinishedRun(NamedTuple):
     """A finished run, opened: where it is and its checked manifest."""
 
-    fs: fsspec.AbstractFileSystem
-    root: str
-    """The run's folder as ``fs`` names it (``store.filesystem``)."""
+    place: Place
     manifest: Manifest
 
 
 def open_finished(out: str, storage_options: dict | None = None) -> FinishedRun:
     """A finished run; anything else is a one-line ``UserError``."""
-    fs, root = filesystem(out, storage_options)
-    path = join(root, MANIFEST)
+    run = Place.at(out, storage_options)
+    path = run.join(MANIFEST)
     try:
-        manifest = read_manifest(fs, root)
+        manifest = read_manifest(run)
     except FileNotFoundError as e:
-        raise UserError(not_a_run(fs, root, out) or
+        raise UserError(not_a_run(run) or
                         f"{out}: no {MANIFEST}; not a finished tokenshards run (is `tokenshards tokenize` still "
                         "running, or was it interrupted? rerun the same command to finish it)") from e
     except ManifestError as e:
@@ -875,10 +873,10 @@ def open_finished(out: str, storage_options: dict | None = None) -> FinishedRun:
         raise UserError(f"{path}: {e}{hint}") from e
     except ValueError as e:
         raise UserError(f"{path}: not valid JSON ({e}); rerun `tokenshards tokenize` to rewrite it") from e
-    problems = local_file_problems(fs, root, manifest)
+    problems = local_file_problems(run, manifest)
     if problems:
         raise UserError(f"{path}: {_first(problems)}; run `tokenshards verify {out}`")
-    return FinishedRun(fs, root, manifest)
+    return FinishedRun(run, manifest)
 
 
 # -- the bytes of a partition's files --------------------------------------------------------------
@@ -987,34 +985,34 @@ def read_npy_header(raw: bytes) -> NpyHeader:
     return NpyHeader(shape=tuple(shape), fortran_order=bool(fortran_order), dtype=dtype, offset=buf.tell())
 
 
-def not_a_run(fs: fsspec.AbstractFileSystem, root: str, url: str) -> str | None:
-    """The one-line reason when ``root`` (which has no manifest.json) holds no tokenshards run at
+def not_a_run(run: Place) -> str | None:
+    """The one-line reason when ``run`` (which has no manifest.json) holds no tokenshards run at
     all, or one that stopped before committing anything; None when it holds an unfinished run
     that a rerun resumes (its job file, or a committed partition, is there)."""
-    start = f"{url}: no manifest.json; not a finished tokenshards run"
+    start = f"{run.url}: no manifest.json; not a finished tokenshards run"
     advice = "pass the --out folder of a `tokenshards tokenize` run"
-    if not fs.exists(root):
+    if not run.exists():
         return f"{start} (there is no such folder: check the path, or {advice})"
-    if fs.exists(join(root, JOB_FILE)):
+    if run.exists(JOB_FILE):
         return None
-    if fs.exists(join(root, "parts")):
+    if run.exists("parts"):
         # Without a job file, a parts/ holding no done record is what a run that failed before its
         # first partition (unknown encoding, missing column) leaves: there is nothing to resume.
         try:
-            if fs.glob(join(root, "parts", "part-*.done.json")):
+            if run.glob("parts", "part-*.done.json"):
                 return None
         except OSError:
             return None
         return (f"{start}: parts/ holds no committed partition and there is no {JOB_FILE}, so there is nothing "
                 "to check or resume: a tokenize run there stopped (or is still starting) before its first "
                 "partition; fix what it reported and run it again")
-    return _not_a_run_at_all(fs, root, start, advice)
+    return _not_a_run_at_all(run, start, advice)
 
 
-def _not_a_run_at_all(fs: fsspec.AbstractFileSystem, root: str, start: str, advice: str) -> str:
+def _not_a_run_at_all(run: Place, start: str, advice: str) -> str:
     looks_like = ""
     try:  # one listing of the folder itself: cheap even when it is a large input prefix
-        if fs.glob(join(root, "*.parquet")):
+        if run.glob("*.parquet"):
             looks_like = "; it holds parquet files, like an input folder"
     except OSError:
         pass

@@ -59,7 +59,8 @@ class InspectConfig(RunOptions):
 def run_inspect(config: InspectConfig, *, announce: Callable[[str], None] = print) -> RunStats:
     """Read OUT's manifest here, then its partitions on the cluster (or here, for a small run with
     no cluster named). Anything wrong is a one-line ``UserError``."""
-    fs, root, manifest = v1.open_finished(config.out, config.storage_options)
+    run, manifest = v1.open_finished(config.out, config.storage_options)
+    fs, root = run.fs, run.root
     parts = manifest.partitions
     if not config.names_a_cluster() and len(parts) <= LOCAL_PARTITIONS and manifest.totals.docs <= LOCAL_DOCUMENTS:
         return inspect_here(config.out, fs, root, manifest, storage_options=config.storage_options,

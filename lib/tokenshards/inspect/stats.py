@@ -170,8 +170,8 @@ def inspect_output(out: str, *, storage_options: dict | None = None, language_co
                    threads: int = 8) -> RunStats:
     """Read OUT's manifest, then every partition's docs file (and its input's language column), in
     this process: ``inspect.command.run_inspect`` does this for small runs, the cluster for the rest."""
-    fs, root, manifest = v1.open_finished(out, storage_options)
-    return inspect_here(out, fs, root, manifest, storage_options=storage_options, language_column=language_column,
+    run, manifest = v1.open_finished(out, storage_options)
+    return inspect_here(out, run.fs, run.root, manifest, storage_options=storage_options, language_column=language_column,
                         threads=threads)
 
 

@@ -446,7 +446,7 @@ def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
                                             **({"chat": o.chat} if o.chat is not None else {})})
     if o.growth is not None:
         result = o.growth.manifest(result, planned=o.growth.first_index + len(corpus.pieces))
-    manifest.write_manifest(o.fs, o.root, result)
+    manifest.write_manifest(Place(url=o.config.out, fs=o.fs, root=o.root), result)
     totals = result.totals
     kept = len(o.growth.kept.partitions) if o.growth is not None else 0  # a growth's summary counts the whole run
     return Summary(out=o.config.out, partitions=kept + len(corpus.pieces), skipped_partitions=kept + len(o.committed),

@@ -24,6 +24,7 @@ from ..format import v1
 from ..format.v1 import InputRecord, Manifest, PartitionEntry
 from ..storage.hubspec import PROTOCOL
 from ..storage.sources import ListedInput
+from ..storage.place import Place
 from ..storage.store import describe_identity_change, file_identity_like, filesystem, join, read_json, write_json
 from ..wording import counted
 from .resume import describe_conflict, recorded_inputs
@@ -121,7 +122,7 @@ def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sour
         return None
     named = [s.url for s in sources]
     try:
-        kept = v1.read_manifest(fs, root)
+        kept = v1.read_manifest(Place(url=url, fs=fs, root=root))
     except FileNotFoundError:
         if set(named) == {i.path for i in recorded_inputs(recorded, url=url)}:
             return None  # the first run, unfinished: finishing it is an ordinary resume

@@ -35,6 +35,7 @@ from ..errors import UserError
 from ..wording import counted
 from ..corpus.footers import WORKER_FOOTERS
 from ..storage.hubreaders import reading_plugins_for_run
+from ..storage.place import Place
 from ..storage.store import file_identity_like, filesystem, is_local, join, read_json
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_mask,
                      check_separators,
@@ -331,11 +332,12 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     """Check OUT; problems are returned, never raised. Raises ``UserError`` only when there is
     nothing to check (no manifest) or the cluster or storage can't be reached."""
 
-    fs, root = filesystem(config.out, config.storage_options)
+    run = Place.at(config.out, config.storage_options)
+    fs, root = run.fs, run.root
     try:
-        raw = v1.read_manifest_json(fs, root)
+        raw = v1.read_manifest_json(run)
     except FileNotFoundError as e:
-        raise UserError(v1.not_a_run(fs, root, config.out) or f"{config.out} has no {v1.MANIFEST}: the run did not finish; "
+        raise UserError(v1.not_a_run(run) or f"{config.out} has no {v1.MANIFEST}: the run did not finish; "
                         "rerun the same tokenize command to resume") from e
     except v1.ManifestError as e:  # not a regular file: never opened
         return _report(config, manifest=None, problems=[f"manifest.json: {e}"])
@@ -350,7 +352,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     except v1.ManifestError as e:  # check_manifest asks for more than this: a gap between the two
         return _report(config, manifest=None, problems=[f"manifest.json: {e}"])
     # No file the manifest names is opened unless it is a regular file inside OUT.
-    problems = v1.local_file_problems(fs, root, manifest)
+    problems = v1.local_file_problems(run, manifest)
     if problems:
         return _report(config, manifest=None, problems=problems)
     problems = check_entries(manifest)
