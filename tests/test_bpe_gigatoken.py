@@ -149,6 +149,13 @@ def test_stops_when_no_pair_is_left_and_trains_nothing_from_single_bytes():
     assert result.exhausted and len(result.ranks) == 256
 
 
+def test_a_temporary_folder_it_cannot_write_is_a_reason_not_a_traceback(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    outcome = gigamerge.merge_counted(_table({b"ab": 3}), n_ranks=300, temp_dir=str(tmp_path / "file"))
+    assert outcome.result is None
+    assert outcome.why_not.startswith(f"cannot write its input file in {tmp_path / 'file'} (NotADirectoryError: ")
+
+
 def test_prints_nothing_of_its_own(capfd):
     gigamerge.merge_counted(count_texts(_prose()[:5], pat_str=PATTERNS["gpt2"]), n_ranks=300)
     out, err = capfd.readouterr()

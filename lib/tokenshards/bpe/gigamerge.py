@@ -26,6 +26,7 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -88,8 +89,14 @@ def merge_counted(table: pa.Table, *, n_ranks: int, temp_dir: str | None = None)
     resplit, resplit_occurrences = 0, 0
     if pretokens:
         with _quiet():
-            got = dict(pretokenized_counts(SEPARATOR.join(pretokens), SEPARATOR))
-        suspects = [i for i, p in enumerate(pretokens) if got.get(p) != 1]
+            got = pretokenized_counts(SEPARATOR.join(pretokens), SEPARATOR)
+        # Each pre-token whole, once: found among gigatoken's pieces (a hash join) with count 1.
+        pieces = pa.array([piece for piece, _ in got], pa.large_binary())
+        seen = np.array([n for _, n in got], dtype=np.int64)
+        at = pc.index_in(pairs["pretoken"], value_set=pieces).to_numpy(zero_copy_only=False)
+        whole = ~np.isnan(at)
+        whole[whole] = seen[at[whole].astype(np.int64)] == 1
+        suspects = np.flatnonzero(~whole).tolist()
         if len(suspects) > MAX_SUSPECTS:
             return Outcome(why_not=f"gigatoken's GPT-2 split would cut {len(suspects):,} of the {len(pretokens):,} "
                                    "pre-tokens differently")
@@ -102,16 +109,20 @@ def merge_counted(table: pa.Table, *, n_ranks: int, temp_dir: str | None = None)
                                    f"({resplit_occurrences:,} of {occurrences:,} occurrences)")
 
     folder = temp_dir or tempfile.gettempdir()
-    free = shutil.disk_usage(folder).free
-    if free < size + SPARE_DISK:
-        return Outcome(why_not=f"its input file needs {human(size)}B of temporary disk and {folder} has "
-                               f"{human(free)}B free (set TMPDIR to a larger disk)")
-    with tempfile.TemporaryDirectory(prefix="tokenshards-bpe-", dir=folder) as tmp:
-        path = os.path.join(tmp, "pretokens.bin")
-        _write_documents(path, pretokens, counts)
-        with _quiet():
-            vocab, merges = train_bpe(TextFileSource([path], separator=SEPARATOR), n_ranks, [],
-                                      tie_breaking="huggingface")
+    try:
+        free = shutil.disk_usage(folder).free
+        if free < size + SPARE_DISK:
+            return Outcome(why_not=f"its input file needs {human(size)}B of temporary disk and {folder} has "
+                                   f"{human(free)}B free (set TMPDIR to a larger disk)")
+        with tempfile.TemporaryDirectory(prefix="tokenshards-bpe-", dir=folder) as tmp:
+            path = os.path.join(tmp, "pretokens.bin")
+            _write_documents(path, pretokens, counts)
+            with _quiet():
+                vocab, merges = train_bpe(TextFileSource([path], separator=SEPARATOR), n_ranks, [],
+                                          tie_breaking="huggingface")
+    except OSError as e:
+        return Outcome(why_not=f"cannot write its input file in {folder} ({type(e).__name__}: {e}); set TMPDIR "
+                               "to a writable folder with room")
     ranks, merged_ids, duplicates = ranks_from_merges(merges, n_ranks=n_ranks)
     if set(vocab.values()) != set(ranks):
         raise AssertionError(f"gigatoken's vocabulary ({len(vocab)} tokens) is not the tokens its "
@@ -159,12 +170,14 @@ def _write_documents(path: str, pretokens: list[bytes], counts: np.ndarray) -> N
 def _quiet():
     """gigatoken prints its progress (unique words, timings) on file descriptors 1 and 2: sent to
     a temporary file while it runs, and shown only if it fails."""
-    import sys
-
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    saved = [os.dup(1), os.dup(2)]
+    try:
+        saved = [os.dup(1), os.dup(2)]
+    except OSError:  # no such descriptors (a daemon): nothing to keep quiet
+        yield
+        return
     with tempfile.TemporaryFile() as sink:
         try:
             os.dup2(sink.fileno(), 1)
