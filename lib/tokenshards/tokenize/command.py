@@ -35,8 +35,7 @@ from ..wording import counted, human
 from ..storage.hubspec import PROTOCOL
 from ..storage.lease import Lease
 from ..storage.place import Place
-from ..storage.store import (abort_stale_uploads, ensure_writable, file_identity_like, filesystem, is_local, join,
-                             remove_stale_probes)
+from ..storage.store import (abort_stale_uploads, ensure_writable, file_identity_like, filesystem, remove_stale_probes)
 
 if TYPE_CHECKING:
     import dask.dataframe as dd  # imported where the graph is built: a user's mistake is said before it
@@ -111,7 +110,7 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
     try:
         for output in config.outputs:
             place = Place.at(output.out, config.storage_options)
-            fresh.append(_Fresh.before(place.fs, place.root))
+            fresh.append(_Fresh.before(place))
             ensure_writable(place.fs, place.root, place.url)  # a missing bucket or dead endpoint fails here, in one line
             places.append((output, place))
         # One live writer per OUT: taken before anything in OUT is removed or written, held to the end.
@@ -120,8 +119,8 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
             for (output, place), new in zip(places, fresh):
                 lease = held.enter_context(Lease(place, command="tokenize", announce=announce))
                 new.owned = True
-                outs.append(_Output(config=config.for_output(output), fs=place.fs, root=place.root,
-                                    several=len(places) > 1, lease=lease))
+                outs.append(_Output(config=config.for_output(output), place=place, several=len(places) > 1,
+                                    lease=lease))
             try:
                 return _run_owned(config, sources, outs, t0=t0, announce=announce)
             except BaseException:
@@ -142,8 +141,7 @@ class _Fresh:
     Only ever what this command made: an OUT that held a job file or a manifest is left as it is,
     and nothing is removed once a partition is committed (a rerun resumes from it)."""
 
-    fs: object
-    root: str
+    place: Place
     existed: bool
     """The folder was there (local OUT): it stays, emptied of what this command made."""
     started_here: bool
@@ -152,32 +150,32 @@ class _Fresh:
     """This command held OUT's lease (only then does it remove a job file: another writer's is not ours)."""
 
     @classmethod
-    def before(cls, fs, root: str) -> "_Fresh":
+    def before(cls, place: Place) -> "_Fresh":
         try:
-            existed = fs.exists(root) if is_local(fs) else True
-            started_here = not (fs.exists(join(root, manifest.JOB_FILE)) or fs.exists(join(root, manifest.MANIFEST)))
+            existed = place.exists() if place.is_local else True
+            started_here = not (place.exists(manifest.JOB_FILE) or place.exists(manifest.MANIFEST))
         except Exception:  # an unreachable store: ensure_writable says so, in one line
             existed, started_here = True, False
-        return cls(fs=fs, root=root, existed=existed, started_here=started_here)
+        return cls(place=place, existed=existed, started_here=started_here)
 
     def remove_if_unstarted(self) -> None:
         if not (self.started_here and self.owned):
             return
         with contextlib.suppress(Exception):  # the error that stopped the run is the one to report
-            fs, root = self.fs, self.root
-            if fs.exists(join(root, manifest.MANIFEST)) or fs.glob(join(root, "parts", "part-*.done.json")):
+            place = self.place
+            if place.exists(manifest.MANIFEST) or place.glob("parts", "part-*.done.json"):
                 return  # a partition was committed: a rerun resumes from it
-            if fs.exists(join(root, manifest.JOB_FILE)):
-                fs.rm(join(root, manifest.JOB_FILE))
-            if is_local(fs):
-                resume.remove_stale_temporaries(fs, root)
+            if place.exists(manifest.JOB_FILE):
+                place.fs.rm(place.join(manifest.JOB_FILE))
+            if place.is_local:
+                resume.remove_stale_temporaries(place)
 
     def remove_empty_folders(self) -> None:
         """``parts/`` (``ensure_writable`` makes it) and OUT itself if this command made it; each
         only if empty (``rmdir``): anything else there is not ours to remove."""
-        if not (self.started_here and is_local(self.fs)):
+        if not (self.started_here and self.place.is_local):
             return
-        for folder in [join(self.root, "parts")] + ([self.root] if not self.existed else []):
+        for folder in [self.place.join("parts")] + ([self.place.root] if not self.existed else []):
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
 
@@ -188,8 +186,8 @@ class _Output:
 
     config: TokenizeConfig
     """The run as if it wrote this output alone (``TokenizeConfig.for_output``)."""
-    fs: object
-    root: str
+    place: Place
+    """Its OUT."""
     lease: Lease
     several: bool = False
     loaded: object = None
@@ -223,10 +221,10 @@ def refuse_out_among_inputs(config: TokenizeConfig) -> None:
     """An --out whose part files an --input would read (a folder holding it, a glob matching its
     ``parts/*.docs.parquet``): the next run would take them for corpus files. Refused in one line."""
     for output in config.outputs:
-        out = _place(output.out)
+        out = _comparable(output.out)
         part = f"{out}/parts/part-00000.docs.parquet"
         for spec in config.inputs:
-            where = _place(spec)
+            where = _comparable(spec)
             if glob.has_magic(where):
                 if re.fullmatch(_glob_regex(where), part):
                     raise UserError(f"--input {spec} would read the part files of --out {output.out} "
@@ -237,7 +235,7 @@ def refuse_out_among_inputs(config: TokenizeConfig) -> None:
                                 "as corpus files; choose an --out outside the input folder")
 
 
-def _place(url: str) -> str:
+def _comparable(url: str) -> str:
     """A local path made absolute, a URL as written: what two places are compared as."""
     local = url.removeprefix("file://")
     return local.rstrip("/") if "://" in local else os.path.abspath(os.path.expanduser(local))
@@ -274,9 +272,9 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
                announce: Callable[[str], None]) -> Summaries:
     """The run, while it holds every OUT's lease."""
     for o in outs:
-        if config.overwrite and o.fs.exists(o.root):
+        if config.overwrite and o.place.exists():
             announce(f"--overwrite: removing the earlier run in {o.config.out}")
-            resume.remove_run(o.fs, o.root, url=o.config.out)
+            resume.remove_run(o.place)
     growth = _growth(config, sources, outs, announce=announce)
     if growth is not None:  # a growth (tokenize --add): plan only the inputs it adds, cut as the run was
         if not growth.sources:
@@ -344,9 +342,9 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, outs: list[_Output], enc
     interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
     for o in outs:
         # A worker killed mid-write during this run left one too; every partition is committed now.
-        _clear_leftovers(o.fs, o.root)
+        _clear_leftovers(o.place)
         o.lease.check()  # a run that stalled past its lease must not commit over its successor's files
-        _check_parts_here(o.fs, o.root, o.entries.values(), url=o.config.out)
+        _check_parts_here(o.place, o.entries.values())
     _announce_invalid_rows({e.index: e for o in outs for e in o.entries.values()}.values(), announce=announce)
     _announce_bad_rows([e for o in outs for e in o.entries.values()], column=config.text_column, announce=announce)
     summaries = Summaries(tuple(_commit(o, corpus, t0=t0) for o in outs))
@@ -361,8 +359,8 @@ def _growth(config: TokenizeConfig, sources: list, outs: list[_Output], *,
     None. A growth is one run's: with several encodings, it is refused in one line."""
     if len(outs) > 1 and config.add:
         raise UserError("--add takes one --encoding and one --out at a time; run it once per output")
-    found = [(o, grow.start(o.fs, o.root, url=o.config.out, add=config.add, sources=sources, announce=announce,
-                            partition_bytes=config.partition_bytes, storage_options=config.storage_options))
+    found = [(o, grow.start(o.place, add=config.add, sources=sources, announce=announce,
+                            partition_bytes=config.partition_bytes))
              for o in outs]
     grown = [o.config.out for o, growth in found if growth is not None]
     if len(outs) > 1 and grown:
@@ -396,18 +394,17 @@ def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Call
     )
     if o.growth is not None:
         o.identity = o.growth.identity(o.identity)
-        o.growth.claim(o.fs, o.root, o.identity, url=o.config.out)
+        o.growth.claim(o.place, o.identity)
     else:
-        resume.claim_output(o.fs, o.root, o.identity, url=o.config.out,
+        resume.claim_output(o.place, o.identity,
                             identity_like=lambda path, recorded: _identity_like(path, recorded, config, files))
     if o.chat is not None:  # what decides a chat run's bytes besides the encoding (whose files hold the template);
         # not --on-bad-row: a partition committed under fail holds no bad row, and is the same under skip
         o.identity = {**o.identity, "chat": {k: v for k, v in o.chat.items() if k != "on_bad_row"}}
     o.job = resume.identity_hash(o.identity)
-    _clear_leftovers(o.fs, o.root)
+    _clear_leftovers(o.place)
     redo: list[str] = []
-    o.committed = resume.committed_entries(o.fs, o.root, job=o.parts_job, pieces=corpus.pieces, redo=redo,
-                                           url=o.config.out,
+    o.committed = resume.committed_entries(o.place, job=o.parts_job, pieces=corpus.pieces, redo=redo,
                                            kept=o.growth.kept_entries() if o.growth is not None else None)
     for note in redo:
         announce(o.about(note))
@@ -446,7 +443,7 @@ def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
                                             **({"chat": o.chat} if o.chat is not None else {})})
     if o.growth is not None:
         result = o.growth.manifest(result, planned=o.growth.first_index + len(corpus.pieces))
-    manifest.write_manifest(Place(url=o.config.out, fs=o.fs, root=o.root), result)
+    manifest.write_manifest(o.place, result)
     totals = result.totals
     kept = len(o.growth.kept.partitions) if o.growth is not None else 0  # a growth's summary counts the whole run
     return Summary(out=o.config.out, partitions=kept + len(corpus.pieces), skipped_partitions=kept + len(o.committed),
@@ -479,14 +476,14 @@ def _identity_like(url: str, recorded: dict, config: TokenizeConfig, files: list
     return dict(file_identity_like(*filesystem(url, config.storage_options), recorded))
 
 
-def _check_parts_here(fs, root: str, entries, *, url: str) -> None:
+def _check_parts_here(out: Place, entries) -> None:
     """The manifest lists only files this machine sees: a worker that joined after the start-up
     check, on a machine that does not share a local OUT, wrote its parts to its own disk."""
-    if not is_local(fs):
+    if not out.is_local:
         return
-    missing = sorted(e.tokens_file for e in entries if not os.path.exists(join(root, e.tokens_file)))
+    missing = sorted(e.tokens_file for e in entries if not os.path.exists(out.join(e.tokens_file)))
     if missing:
-        raise UserError(f"--out {url}: this machine's folder lacks {counted(len(missing), 'part file')} the workers wrote "
+        raise UserError(f"--out {out.url}: this machine's folder lacks {counted(len(missing), 'part file')} the workers wrote "
                         f"(first: {missing[0]}): some worker's machine does not share it; no manifest was written; "
                         "use s3://BUCKET/PREFIX or a folder on a filesystem every machine mounts, and rerun")
 
@@ -538,13 +535,13 @@ def chat_block(config: TokenizeConfig, loaded) -> dict:
             "tools_column": config.tools_column, "on_bad_row": config.on_bad_row}
 
 
-def _clear_leftovers(fs, root: str) -> None:
+def _clear_leftovers(out: Place) -> None:
     """What killed writers leave: local ``*.tmp`` files, unfinished S3 multipart uploads, write
     probes of commands that failed or died. Only when no writer of this job is active (before its
     tasks start, after they all finished)."""
-    resume.remove_stale_temporaries(fs, root)
-    remove_stale_probes(fs, root)
-    abort_stale_uploads(fs, join(root, "parts"))
+    resume.remove_stale_temporaries(out)
+    remove_stale_probes(out.fs, out.root)
+    abort_stale_uploads(out.fs, out.join("parts"))
 
 
 def _performance_report(path: str | None):

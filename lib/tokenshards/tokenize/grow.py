@@ -17,15 +17,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-import fsspec
-
 from ..errors import InputChanged, OutputConflict, UserError
 from ..format import v1
 from ..format.v1 import InputRecord, Manifest, PartitionEntry
 from ..storage.hubspec import PROTOCOL
 from ..storage.sources import ListedInput
 from ..storage.place import Place
-from ..storage.store import describe_identity_change, file_identity_like, filesystem, join, read_json, write_json
+from ..storage.store import describe_identity_change, file_identity_like, filesystem
 from ..wording import counted
 from .resume import describe_conflict, recorded_inputs
 
@@ -61,9 +59,10 @@ class Growth:
                 + [dataclasses.replace(i, generation=self.generation).to_dict() for i in recorded_inputs(added)],
                 "parts_job": self.parts_job}
 
-    def claim(self, fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, url: str) -> None:
+    def claim(self, out: Place, identity: dict) -> None:
         """Record the grown run in OUT's job file, or refuse when the settings differ from the run
         it grows, or an input of an unfinished growth changed since that growth planned it."""
+        url = out.url
         settings = lambda d: {k: v for k, v in d.items() if k not in ("inputs", "parts_job")}  # noqa: E731
         old, new = settings(self.recorded), settings(identity)
         if old != new:
@@ -77,7 +76,7 @@ class Growth:
                                    f"({describe_input_change(old, now)}); restore it, or pass --overwrite to tokenize "
                                    "everything again")
         if identity != self.recorded:
-            write_json(fs, join(root, v1.JOB_FILE), identity)
+            out.write_json(v1.JOB_FILE, identity)
 
     def manifest(self, added: Manifest, *, planned: int) -> Manifest:
         """The grown run's manifest from ``added``, the manifest of the new partitions alone."""
@@ -105,15 +104,15 @@ def is_grown(recorded: dict) -> bool:
     return "parts_job" in recorded
 
 
-def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sources: list[ListedInput],
-          partition_bytes: int | None, storage_options: dict,
+def start(out: Place, *, add: bool, sources: list[ListedInput], partition_bytes: int | None,
           announce: Callable[[str], None] = lambda msg: None) -> Growth | None:
     """How this command continues the run in OUT: None for an ordinary run (no run there yet, or
     a run never grown and no ``--add``), else the ``Growth`` to make or finish. One-line
     refusals for what cannot be added; inputs already in OUT that are named again are checked
     against their recorded identity (a listing, never their footers)."""
+    url = out.url
     try:
-        recorded = read_json(fs, join(root, v1.JOB_FILE))
+        recorded = out.read_json(v1.JOB_FILE)
     except FileNotFoundError:
         if add:
             announce(f"--add: {url} holds no run yet; this is its first")
@@ -122,7 +121,7 @@ def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sour
         return None
     named = [s.url for s in sources]
     try:
-        kept = v1.read_manifest(Place(url=url, fs=fs, root=root))
+        kept = v1.read_manifest(out)
     except FileNotFoundError:
         if set(named) == {i.path for i in recorded_inputs(recorded, url=url)}:
             return None  # the first run, unfinished: finishing it is an ordinary resume
@@ -135,7 +134,9 @@ def start(fs: fsspec.AbstractFileSystem, root: str, *, url: str, add: bool, sour
                              f"{recorded.get('partition_bytes', 0) / 1e6:g} MB the run in {url} was cut with; a growth "
                              "reuses it: drop --partition-mb")
     in_manifest = {i.path for i in kept.input_records}
-    _check_named_unchanged(recorded, [u for u in named if u in in_manifest], url=url, storage_options=storage_options)
+    # The inputs are reached with OUT's storage options: one mapping for every URL of a run.
+    _check_named_unchanged(recorded, [u for u in named if u in in_manifest], url=url,
+                           storage_options=out.storage_options)
     fresh, generation, finishing = inputs_to_add(recorded, kept, named, add=add, url=url)
     growth = Growth(kept=kept, recorded=recorded, generation=generation, first_index=v1.planned_count(kept),
                     sources=tuple(s for s in sources if s.url in fresh))

@@ -8,12 +8,10 @@ import hashlib
 import json
 from typing import Callable
 
-import fsspec
-
 from ..errors import OutputConflict, UserError
 from ..format import v1
 from ..format.v1 import InputRecord, PartitionEntry
-from ..storage.store import join, read_json, write_json
+from ..storage.place import Place
 from ..wording import counted
 from ..corpus.plan import Piece
 
@@ -54,9 +52,8 @@ def recorded_inputs(identity: dict, *, url: str = "OUT") -> tuple[InputRecord, .
         raise OutputConflict(f"{url}/{JOB_FILE}: {e}; pass --overwrite to replace it") from e
 
 
-def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pieces: list[Piece],
-                      redo: list[str] | None = None, kept: dict[int, PartitionEntry] | None = None,
-                      url: str = "") -> dict[int, PartitionEntry]:
+def committed_entries(out: Place, *, job: str, pieces: list[Piece], redo: list[str] | None = None,
+                      kept: dict[int, PartitionEntry] | None = None) -> dict[int, PartitionEntry]:
     """Partitions an earlier run of the *same* job committed: their done record exists and so do
     their tokens and docs files, at the sizes the record gives (one listing of ``parts/``, not a
     HEAD per file). A committed partition whose files are gone or resized is left out, to be
@@ -69,9 +66,9 @@ def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pie
     kept = kept or {}
     by_index = {p.index: p for p in pieces}
     found: dict[int, PartitionEntry] = {}
-    parts = join(root, "parts")
-    listing = fs.find(parts, detail=True) if fs.exists(parts) else {}
-    sizes = {_relative(root, path): info.get("size") for path, info in listing.items()}
+    fs = out.fs
+    listing = fs.find(out.join("parts"), detail=True) if out.exists("parts") else {}
+    sizes = {_relative(out.root, path): info.get("size") for path, info in listing.items()}
     paths = sorted(p for p in listing if p.endswith(".done.json") and p.rsplit("/", 1)[-1].startswith("part-"))
     # One batched read: s3fs fetches the records concurrently, which matters for 10^4 of them.
     contents = fs.cat(paths) if paths else {}
@@ -87,7 +84,7 @@ def committed_entries(fs: fsspec.AbstractFileSystem, root: str, *, job: str, pie
             )
         entry = record.entry
         if entry.index in kept:
-            _check_kept(entry, kept[entry.index], _files_problem(entry, sizes), path=path, url=url)
+            _check_kept(entry, kept[entry.index], _files_problem(entry, sizes), path=path, url=out.url)
             continue
         piece = by_index.get(entry.index)
         if piece is None or entry.input != piece.input or entry.row_groups != tuple(piece.row_groups):
@@ -106,7 +103,7 @@ def _check_kept(entry: PartitionEntry, want: PartitionEntry, problem: str | None
     if entry != want:
         problem = "its done record differs from the manifest's entry"
     if problem:
-        raise OutputConflict(f"{path}: partition {entry.index} of {entry.input}, kept from the run in {url or 'OUT'}: "
+        raise OutputConflict(f"{path}: partition {entry.index} of {entry.input}, kept from the run in {url}: "
                              f"{problem}; run `tokenshards verify` on it, or pass --overwrite to tokenize everything again")
 
 
@@ -179,15 +176,14 @@ def add_hint(old: dict, new: dict) -> str:
             "(or use another --out, or pass --overwrite to replace it)") if added > 0 else ""
 
 
-def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, url: str,
-                 identity_like: Callable[[str, dict], dict] | None = None) -> None:
+def claim_output(out: Place, identity: dict, *, identity_like: Callable[[str, dict], dict] | None = None) -> None:
     """Record this job in OUT, or refuse when OUT already holds a different one.
 
     ``identity_like(path, recorded)``: an input's file identity now, in the terms ``recorded``
     used (``store.file_identity_like``), for inputs the job file recorded in other terms."""
-    path = join(root, JOB_FILE)
-    if fs.exists(path):
-        old = read_json(fs, path)
+    url = out.url
+    if out.exists(JOB_FILE):
+        old = out.read_json(JOB_FILE)
         if not any(i.identity is not None for i in recorded_inputs(old, url=url)):
             identity = _without_file_identities(identity)  # recorded by a version that kept no file identities
         elif identity_like is not None and old != identity:
@@ -195,16 +191,16 @@ def claim_output(fs: fsspec.AbstractFileSystem, root: str, identity: dict, *, ur
             if restated == old:
                 # The same files, recorded from now on as this version sees them (etag, not mtime), so
                 # that one huggingface_hub fetches again (same etag, new mtime) still resumes.
-                write_json(fs, path, identity)
+                out.write_json(JOB_FILE, identity)
                 return
             identity = restated
         if old != identity:
             raise OutputConflict(f"{url} already holds a different run ({describe_conflict(old, identity)}); "
                                  + (add_hint(old, identity) or "use another --out, or pass --overwrite to replace it"))
         return
-    if fs.exists(join(root, v1.MANIFEST)) or fs.glob(join(root, "parts", "part-*.done.json")):
+    if out.exists(v1.MANIFEST) or out.glob("parts", "part-*.done.json"):
         raise OutputConflict(f"{url} already holds output that is not this run's; use another --out, or pass --overwrite to replace it")
-    write_json(fs, path, identity)
+    out.write_json(JOB_FILE, identity)
 
 
 def _in_terms_of(old: dict, identity: dict, identity_like: Callable[[str, dict], dict]) -> dict:
@@ -225,21 +221,20 @@ def _in_terms_of(old: dict, identity: dict, identity_like: Callable[[str, dict],
     return {**identity, "inputs": [restated(i) for i in recorded_inputs(identity)]}
 
 
-def remove_run(fs: fsspec.AbstractFileSystem, root: str, *, url: str = "") -> None:
+def remove_run(out: Place) -> None:
     """Everything a run writes in OUT (``--overwrite``, under OUT's lease); other files there are left alone."""
     for name in (v1.MANIFEST, JOB_FILE, "parts"):
-        path = join(root, name)
         try:
-            if fs.exists(path):
-                fs.rm(path, recursive=True)
+            if out.exists(name):
+                out.fs.rm(out.join(name), recursive=True)
         except OSError as e:  # a straggling writer (a worker of a dead client) adding files meanwhile
-            raise UserError(f"--overwrite could not remove {url or root}/{name} ({type(e).__name__}: {e}); "
+            raise UserError(f"--overwrite could not remove {out.url}/{name} ({type(e).__name__}: {e}); "
                             "is something else still writing there? rerun once it stopped") from e
 
 
-def remove_stale_temporaries(fs: fsspec.AbstractFileSystem, root: str) -> int:
+def remove_stale_temporaries(out: Place) -> int:
     """Temporary files of writers that died (a killed worker); a rerun rewrites their parts."""
-    stale = fs.glob(join(root, "parts", "*.tmp"))
+    stale = out.glob("parts", "*.tmp")
     for path in stale:
-        fs.rm(path)
+        out.fs.rm(path)
     return len(stale)
