@@ -390,9 +390,9 @@ def test_2_a_worker_machine_killed_mid_run(cluster, gpt2):
 HOLD = """
 import sys, time
 from tokenshards.storage.lease import Lease
-from tokenshards.storage.place import Place
+from tokenshards.storage.location import Location
 import os
-with Lease(Place.at(sys.argv[1], {}), command="tokenize"):
+with Lease(Location.at(sys.argv[1], {}), command="tokenize"):
     print("held", os.getpid(), flush=True)
     time.sleep(float(sys.argv[2]))
 """

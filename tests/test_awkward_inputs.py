@@ -17,7 +17,7 @@ import tokenshards.verify.command as verify_command
 from tokenshards.encoding.backends import TiktokenBackend
 from tokenshards.errors import UserError
 from tokenshards.format import v1
-from tokenshards.storage.place import Place
+from tokenshards.storage.location import Location
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.command import run_tokenize
 from tokenshards.verify.checks import Expected
@@ -143,7 +143,7 @@ def test_verify_deep_reports_an_input_replaced_during_its_read(tokenize, tmp_pat
     src = tmp_path / "in" / "a.parquet"
     write_parquet(src, {"text": TEXTS}, row_group_size=5)
     _, out = tokenize([src], partition_bytes=3_000)
-    manifest = v1.read_manifest(Place.at(str(out)))
+    manifest = v1.read_manifest(Location.at(str(out)))
     entry = manifest.by_index()[0]
     docs = pq.read_table(out / entry.docs_file)
     values = np.load(out / entry.tokens_file)

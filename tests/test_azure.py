@@ -27,7 +27,7 @@ from tokenshards.cli import main
 from tokenshards.errors import UserError
 from tokenshards.storage import store
 from tokenshards.storage.lease import Lease, LeaseHeld, LeaseLost, _AzureOps, _Conflict
-from tokenshards.storage.place import Place
+from tokenshards.storage.location import Location
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.command import run_tokenize
 
@@ -148,9 +148,9 @@ def test_the_lease_holds_by_azures_own_conditions(azure):
     url = f"az://{container}/out"
     fs, root = store.filesystem(url, azure.storage_options)
     seen = len(azure.proxy.log)
-    with Lease(Place(url=url, fs=fs, root=root), command="tokenize") as first:
+    with Lease(Location(url=url, fs=fs, root=root), command="tokenize") as first:
         with pytest.raises(LeaseHeld, match=rf"^{url} is being written by a tokenize run on host"):
-            Lease(Place(url=url, fs=fs, root=root), command="export").acquire()
+            Lease(Location(url=url, fs=fs, root=root), command="export").acquire()
         ops = _AzureOps(fs, f"{root}/.tokenshards-lease.json")
         with pytest.raises(_Conflict):  # Azurite refuses a second create (If-None-Match: *)...
             ops._put(b"mine", overwrite=False)
@@ -166,7 +166,7 @@ def test_a_renewal_that_lost_stops_the_run_before_its_commit(azure):
     container = azure.make_container()
     url = f"az://{container}/out"
     fs, root = store.filesystem(url, azure.storage_options)
-    lease = Lease(Place(url=url, fs=fs, root=root), command="tokenize")
+    lease = Lease(Location(url=url, fs=fs, root=root), command="tokenize")
     lease.acquire()
     azure.fs().pipe_file(f"{container}/out/.tokenshards-lease.json", b"somebody else")  # a new ETag
     with pytest.raises(LeaseLost, match="lost its lease"):
@@ -179,7 +179,7 @@ def test_a_second_run_meets_the_first_in_one_line(azure, cluster, corpus):
     container = azure.make_container()
     url = f"az://{container}/out"
     fs, root = store.filesystem(url, azure.storage_options)
-    with Lease(Place(url=url, fs=fs, root=root), command="tokenize"):
+    with Lease(Location(url=url, fs=fs, root=root), command="tokenize"):
         with pytest.raises(LeaseHeld, match=rf"^{url} is being written by a tokenize run") as info:
             run_tokenize(config(azure, cluster, [str(corpus["local"] / "*.parquet")], url))
         assert "\n" not in str(info.value)

@@ -156,7 +156,7 @@ def test_npy_header_parser_refuses_what_is_not_npy():
 def test_done_record_reads_back_as_the_entry_it_commits(tmp_path):
     """A done record is written from the entry, and resume reads committed entries back typed, equal."""
     from tokenshards.errors import OutputConflict
-    from tokenshards.storage.place import Place
+    from tokenshards.storage.location import Location
     from tokenshards.tokenize import resume
 
     tokens = np.array([50256, 1, 2], dtype=np.uint16)
@@ -169,7 +169,7 @@ def test_done_record_reads_back_as_the_entry_it_commits(tmp_path):
     done = tmp_path / v1.done_file(entry.index)
     done.write_bytes(v1.DoneRecord(entry=entry, job="job-1").to_bytes())
     assert list(json.loads(done.read_text())) == list(v1.ENTRY_KEYS) + ["backend", "tokens_bytes", "docs_bytes", "job"]
-    out = Place.at(str(tmp_path))
+    out = Location.at(str(tmp_path))
     assert resume.committed_entries(out, job="job-1", pieces=[_Piece()]) == {7: entry}
     with pytest.raises(OutputConflict, match=r"does not match this run's partition plan"):
         resume.committed_entries(out, job="job-1", pieces=[_Piece(row_groups=(3, 4))])
@@ -180,7 +180,7 @@ def test_done_record_reads_back_as_the_entry_it_commits(tmp_path):
 def test_job_hash_leaves_out_file_identities_and_old_job_files_still_resume(tmp_path):
     """Inputs' mtimes/ETags guard reruns (claim_output) but are not part of the job hash, so done
     records keep the hash runs made before had; an OUT claimed by such a run still resumes."""
-    from tokenshards.storage.place import Place
+    from tokenshards.storage.location import Location
     from tokenshards.tokenize import resume
 
     def identity(with_file_identity: bool) -> dict:
@@ -190,6 +190,6 @@ def test_job_hash_leaves_out_file_identities_and_old_job_files_still_resume(tmp_
                                    text_column="text", id_column=None, partition_bytes=100, inputs=inputs)
 
     assert resume.identity_hash(identity(True)) == resume.identity_hash(identity(False))
-    out = Place.at(str(tmp_path))
+    out = Location.at(str(tmp_path))
     resume.claim_output(out, identity(False))  # an OUT claimed before identities
     resume.claim_output(out, identity(True))  # resumes

@@ -27,7 +27,7 @@ from tokenshards.cli import main
 from tokenshards.errors import UserError
 from tokenshards.storage import store
 from tokenshards.storage.lease import Lease, LeaseHeld, LeaseLost, _Conflict, _GCSOps
-from tokenshards.storage.place import Place
+from tokenshards.storage.location import Location
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.tokenize.command import run_tokenize
 
@@ -147,10 +147,10 @@ def test_the_lease_uses_generation_preconditions(gcs):
     fs, root = store.filesystem(f"gs://{bucket}/out", gcs.storage_options)
     url = f"gs://{bucket}/out"
     seen = len(gcs.proxy.log)
-    with Lease(Place(url=url, fs=fs, root=root), command="tokenize") as first:
+    with Lease(Location(url=url, fs=fs, root=root), command="tokenize") as first:
         created = first.token
         with pytest.raises(LeaseHeld, match=rf"^{url} is being written by a tokenize run on host"):
-            Lease(Place(url=url, fs=fs, root=root), command="export").acquire()
+            Lease(Location(url=url, fs=fs, root=root), command="export").acquire()
         first.renew()
         assert first.token != created
     conditions = [(r.method, r.query["ifGenerationMatch"][0]) for r in gcs.proxy.log[seen:] if "ifGenerationMatch" in r.query]
@@ -169,7 +169,7 @@ def test_gcs_refusing_a_precondition_is_a_lost_race(gcs):
     gcs.proxy.fail(lambda r: r.query.get("ifGenerationMatch") == ["0"], status=412, body=precondition)
     with pytest.raises(_Conflict):
         ops.create(b"mine")
-    lease = Lease(Place(url=f"gs://{bucket}/out", fs=fs, root=root), command="tokenize")
+    lease = Lease(Location(url=f"gs://{bucket}/out", fs=fs, root=root), command="tokenize")
     lease.acquire()
     gcs.proxy.fail(lambda r: r.method == "POST" and r.query.get("ifGenerationMatch") == [lease.token], status=412,
                    body=precondition)
@@ -182,7 +182,7 @@ def test_a_second_run_meets_the_first_in_one_line(gcs, cluster, corpus):
     bucket = gcs.make_bucket()
     url = f"gs://{bucket}/out"
     fs, root = store.filesystem(url, gcs.storage_options)
-    with Lease(Place(url=url, fs=fs, root=root), command="tokenize"):
+    with Lease(Location(url=url, fs=fs, root=root), command="tokenize"):
         with pytest.raises(LeaseHeld, match=rf"^{url} is being written by a tokenize run") as info:
             run_tokenize(config(gcs, cluster, [str(corpus["local"] / "*.parquet")], url))
         assert "\n" not in str(info.value)

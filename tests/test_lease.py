@@ -11,7 +11,7 @@ import pytest
 
 from tokenshards.namespaces import process_space
 from tokenshards.storage.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, LeaseRecord
-from tokenshards.storage.place import Place
+from tokenshards.storage.location import Location
 from tokenshards.storage.store import filesystem
 
 
@@ -32,7 +32,7 @@ def out(request, tmp_path):
 
 def _lease(out, **kw) -> Lease:
     fs, root, url = out
-    return Lease(Place(url=url, fs=fs, root=root), command="tokenize", **kw)
+    return Lease(Location(url=url, fs=fs, root=root), command="tokenize", **kw)
 
 
 def _dead_pid() -> int:

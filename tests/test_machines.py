@@ -13,7 +13,7 @@ from tokenshards import namespaces
 from tokenshards.cluster import machines
 from tokenshards.errors import UserError
 from tokenshards.tokenize.command import _check_parts_here
-from tokenshards.storage.place import Place
+from tokenshards.storage.location import Location
 
 
 def test_a_local_cluster_is_one_machine_and_costs_no_probe(cluster, tmp_path):
@@ -60,7 +60,7 @@ def test_no_manifest_lists_a_part_this_machine_does_not_see(tmp_path):
     """A worker that joined after the start-up check, on a machine without the client's OUT."""
     (tmp_path / "parts").mkdir()
     (tmp_path / "parts" / "part-00000.tokens.npy").write_bytes(b"")
-    out = Place.at(str(tmp_path))
+    out = Location.at(str(tmp_path))
     entries = [SimpleNamespace(tokens_file="parts/part-00000.tokens.npy"),
                SimpleNamespace(tokens_file="parts/part-00001.tokens.npy")]
     _check_parts_here(out, entries[:1])

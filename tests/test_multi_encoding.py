@@ -205,11 +205,11 @@ def test_a_live_run_in_one_out_stops_all_before_anything_is_written(corpus, tmp_
     """Each OUT has its own lease: a live writer in OUT_B stops the run in one line, and OUT_A,
     whose lease was taken first, is left with no file (its lease given back)."""
     from tokenshards.storage.lease import Lease
-    from tokenshards.storage.place import Place
+    from tokenshards.storage.location import Location
 
     a, b = tmp_path / "a", tmp_path / "b"
     b.mkdir()
-    with Lease(Place.at(str(b)), command="tokenize"):
+    with Lease(Location.at(str(b)), command="tokenize"):
         code, _, err = _cli(capsys, ["tokenize", "--input", corpus, "--scheduler", "tcp://127.0.0.1:1",
                                      "--encoding", "gpt2", "--encoding", "cl100k_base", "--out", a, "--out", b])
     assert code == 2

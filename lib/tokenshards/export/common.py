@@ -22,7 +22,7 @@ from ..cluster.progress import Progress
 from ..errors import UserError
 from ..format.export_record import ExportFile, ExportRecord, ExportRecordError, SplitCounts
 from ..storage.lease import Lease
-from ..storage.place import Place
+from ..storage.location import Location
 from ..storage.store import (WRITE_PROBE_PREFIX, check_bucket, display_url, filesystem, is_local, is_s3, join,
                              remove_stale_probes, write_advice, write_json)
 from ..wording import counted, human
@@ -99,7 +99,7 @@ def check_destination(config: ExportConfig) -> None:
 def dest_lease(config: ExportConfig, *, announce: Callable[[str], None]) -> Lease:
     """One live writer per folder, exports and tokenize runs alike: --overwrite never removes a
     live writer's files (``storage.lease``)."""
-    dest = Place.at(config.to, config.storage_options)
+    dest = Location.at(config.to, config.storage_options)
     check_bucket(dest.fs, dest.root, dest.url, what="export destination")
     return Lease(dest, command="export", announce=announce)
 

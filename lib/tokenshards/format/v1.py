@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from ..corpus.plan import BadInput, InputFile
 from ..errors import UserError
-from ..storage.place import Place
+from ..storage.location import Location
 from ..storage.store import join
 
 
@@ -778,11 +778,11 @@ def _skipped_entry(bad: BadInput) -> dict:
     return entry
 
 
-def write_manifest(run: Place, manifest: Manifest) -> None:
+def write_manifest(run: Location, manifest: Manifest) -> None:
     run.write_json(MANIFEST, manifest.to_dict())
 
 
-def read_manifest_json(run: Place):
+def read_manifest_json(run: Location):
     """The manifest as JSON, unchecked: for ``verify``, which reports what is wrong rather than
     refusing. ``ManifestError`` when a local manifest.json is not a regular file (never opened:
     a FIFO would hang the reader)."""
@@ -793,12 +793,12 @@ def read_manifest_json(run: Place):
     return run.read_json(MANIFEST)
 
 
-def read_manifest(run: Place) -> Manifest:
+def read_manifest(run: Location) -> Manifest:
     """Raises FileNotFoundError, ``ManifestError`` (not format v1) or ValueError (not JSON)."""
     return Manifest.from_dict(read_manifest_json(run))
 
 
-def local_file_problems(run: Place, manifest: Manifest) -> list[str]:
+def local_file_problems(run: Location, manifest: Manifest) -> list[str]:
     """Where OUT is a local folder: every file the manifest lists that exists must be a regular
     file inside OUT once symlinks are followed (a FIFO would hang whoever opens it, a symlink
     could lead into another run or the system). Only ``lstat``/``stat``, never an open; a missing
@@ -854,13 +854,13 @@ def file_kind(mode: int) -> str:
 class FinishedRun(NamedTuple):
     """A finished run, opened: where it is and its checked manifest."""
 
-    place: Place
+    location: Location
     manifest: Manifest
 
 
 def open_finished(out: str, storage_options: dict | None = None) -> FinishedRun:
     """A finished run; anything else is a one-line ``UserError``."""
-    run = Place.at(out, storage_options)
+    run = Location.at(out, storage_options)
     path = run.join(MANIFEST)
     try:
         manifest = read_manifest(run)
@@ -985,7 +985,7 @@ def read_npy_header(raw: bytes) -> NpyHeader:
     return NpyHeader(shape=tuple(shape), fortran_order=bool(fortran_order), dtype=dtype, offset=buf.tell())
 
 
-def not_a_run(run: Place) -> str | None:
+def not_a_run(run: Location) -> str | None:
     """The one-line reason when ``run`` (which has no manifest.json) holds no tokenshards run at
     all, or one that stopped before committing anything; None when it holds an unfinished run
     that a rerun resumes (its job file, or a committed partition, is there)."""
@@ -1009,7 +1009,7 @@ def not_a_run(run: Place) -> str | None:
     return _not_a_run_at_all(run, start, advice)
 
 
-def _not_a_run_at_all(run: Place, start: str, advice: str) -> str:
+def _not_a_run_at_all(run: Location, start: str, advice: str) -> str:
     looks_like = ""
     try:  # one listing of the folder itself: cheap even when it is a large input prefix
         if run.glob("*.parquet"):

@@ -42,7 +42,7 @@ import fsspec
 
 from ..namespaces import process_space
 from ..errors import UserError
-from .place import Place
+from .location import Location
 from .store import gcs_upload, is_azure, is_gcs, is_local, is_s3, temporary_beside, write_advice, write_atomic
 
 LEASE_FILE = ".tokenshards-lease.json"
@@ -391,15 +391,15 @@ def _ops(fs, path: str):
 # -- the lease ----------------------------------------------------------------------------------
 
 class Lease:
-    """``with Lease(place, command="tokenize") as lease:`` owns OUT (a ``Place``) for the block:
+    """``with Lease(location, command="tokenize") as lease:`` owns OUT (a ``Location``) for the block:
     taken on entry (or ``LeaseHeld``), renewed by a daemon thread, released on exit. Call
     ``check()`` right before the commit point."""
 
-    def __init__(self, place: Place, *, command: str, ttl: float = DEFAULT_TTL, clock: Callable[[], float] = time.time,
+    def __init__(self, location: Location, *, command: str, ttl: float = DEFAULT_TTL, clock: Callable[[], float] = time.time,
                  announce: Callable[[str], None] = lambda msg: None):
-        self.place, self.command, self.ttl, self.clock, self.announce = place, command, ttl, clock, announce
-        self.fs, self.url = place.fs, place.url
-        self.path = place.join(LEASE_FILE)
+        self.location, self.command, self.ttl, self.clock, self.announce = location, command, ttl, clock, announce
+        self.fs, self.url = location.fs, location.url
+        self.path = location.join(LEASE_FILE)
         self.ops = _ops(self.fs, self.path)
         self.host = socket.gethostname()
         self.space = process_space()
@@ -439,7 +439,7 @@ class Lease:
                 raise LeaseHeld(
                     f"{self.url} is being written by {held.describe(now)}; wait for it to finish or use another "
                     f"--out (if that run is dead, its lease expires {max(held.expires - now, 0):.0f} s from now; "
-                    f"or delete {self.place.shown(LEASE_FILE)} once you are sure)")
+                    f"or delete {self.location.shown(LEASE_FILE)} once you are sure)")
             try:
                 self.token = self.ops.replace(self.record.to_bytes(), token, mine=False)
             except _Conflict:
@@ -450,7 +450,7 @@ class Lease:
             what = held.describe(now) if held is not None else "an unreadable record"
             self.announce(f"{self.url}: took over the stale lease of {what}")
             return
-        raise LeaseHeld(f"{self.url}: its lease {self.place.shown(LEASE_FILE)} keeps changing hands; "
+        raise LeaseHeld(f"{self.url}: its lease {self.location.shown(LEASE_FILE)} keeps changing hands; "
                         "another run is starting there, try again in a minute")
 
     def release(self) -> None:

@@ -34,7 +34,7 @@ from ..cluster.progress import Progress
 from ..wording import counted, human
 from ..storage.hubspec import PROTOCOL
 from ..storage.lease import Lease
-from ..storage.place import Place
+from ..storage.location import Location
 from ..storage.store import (abort_stale_uploads, ensure_writable, file_identity_like, filesystem, remove_stale_probes)
 
 if TYPE_CHECKING:
@@ -105,21 +105,21 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
     t0 = time.perf_counter() - (max(0.0, time.time() - started) if started is not None else 0.0)
     refuse_out_among_inputs(config)
     sources = find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
-    places = []
+    locations = []
     fresh: list[_Fresh] = []
     try:
         for output in config.outputs:
-            place = Place.at(output.out, config.storage_options)
-            fresh.append(_Fresh.before(place))
-            ensure_writable(place.fs, place.root, place.url)  # a missing bucket or dead endpoint fails here, in one line
-            places.append((output, place))
+            location = Location.at(output.out, config.storage_options)
+            fresh.append(_Fresh.before(location))
+            ensure_writable(location.fs, location.root, location.url)  # a missing bucket or dead endpoint fails here, in one line
+            locations.append((output, location))
         # One live writer per OUT: taken before anything in OUT is removed or written, held to the end.
         with contextlib.ExitStack() as held:
             outs = []
-            for (output, place), new in zip(places, fresh):
-                lease = held.enter_context(Lease(place, command="tokenize", announce=announce))
+            for (output, location), new in zip(locations, fresh):
+                lease = held.enter_context(Lease(location, command="tokenize", announce=announce))
                 new.owned = True
-                outs.append(_Output(config=config.for_output(output), place=place, several=len(places) > 1,
+                outs.append(_Output(config=config.for_output(output), location=location, several=len(locations) > 1,
                                     lease=lease))
             try:
                 return _run_owned(config, sources, outs, t0=t0, announce=announce)
@@ -141,7 +141,7 @@ class _Fresh:
     Only ever what this command made: an OUT that held a job file or a manifest is left as it is,
     and nothing is removed once a partition is committed (a rerun resumes from it)."""
 
-    place: Place
+    location: Location
     existed: bool
     """The folder was there (local OUT): it stays, emptied of what this command made."""
     started_here: bool
@@ -150,32 +150,32 @@ class _Fresh:
     """This command held OUT's lease (only then does it remove a job file: another writer's is not ours)."""
 
     @classmethod
-    def before(cls, place: Place) -> "_Fresh":
+    def before(cls, location: Location) -> "_Fresh":
         try:
-            existed = place.exists() if place.is_local else True
-            started_here = not (place.exists(manifest.JOB_FILE) or place.exists(manifest.MANIFEST))
+            existed = location.exists() if location.is_local else True
+            started_here = not (location.exists(manifest.JOB_FILE) or location.exists(manifest.MANIFEST))
         except Exception:  # an unreachable store: ensure_writable says so, in one line
             existed, started_here = True, False
-        return cls(place=place, existed=existed, started_here=started_here)
+        return cls(location=location, existed=existed, started_here=started_here)
 
     def remove_if_unstarted(self) -> None:
         if not (self.started_here and self.owned):
             return
         with contextlib.suppress(Exception):  # the error that stopped the run is the one to report
-            place = self.place
-            if place.exists(manifest.MANIFEST) or place.glob("parts", "part-*.done.json"):
+            location = self.location
+            if location.exists(manifest.MANIFEST) or location.glob("parts", "part-*.done.json"):
                 return  # a partition was committed: a rerun resumes from it
-            if place.exists(manifest.JOB_FILE):
-                place.fs.rm(place.join(manifest.JOB_FILE))
-            if place.is_local:
-                resume.remove_stale_temporaries(place)
+            if location.exists(manifest.JOB_FILE):
+                location.fs.rm(location.join(manifest.JOB_FILE))
+            if location.is_local:
+                resume.remove_stale_temporaries(location)
 
     def remove_empty_folders(self) -> None:
         """``parts/`` (``ensure_writable`` makes it) and OUT itself if this command made it; each
         only if empty (``rmdir``): anything else there is not ours to remove."""
-        if not (self.started_here and self.place.is_local):
+        if not (self.started_here and self.location.is_local):
             return
-        for folder in [self.place.join("parts")] + ([self.place.root] if not self.existed else []):
+        for folder in [self.location.join("parts")] + ([self.location.root] if not self.existed else []):
             with contextlib.suppress(OSError):
                 os.rmdir(folder)
 
@@ -186,7 +186,7 @@ class _Output:
 
     config: TokenizeConfig
     """The run as if it wrote this output alone (``TokenizeConfig.for_output``)."""
-    place: Place
+    location: Location
     """Its OUT."""
     lease: Lease
     several: bool = False
@@ -236,7 +236,7 @@ def refuse_out_among_inputs(config: TokenizeConfig) -> None:
 
 
 def _comparable(url: str) -> str:
-    """A local path made absolute, a URL as written: what two places are compared as."""
+    """A local path made absolute, a URL as written: what two locations are compared as."""
     local = url.removeprefix("file://")
     return local.rstrip("/") if "://" in local else os.path.abspath(os.path.expanduser(local))
 
@@ -272,9 +272,9 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
                announce: Callable[[str], None]) -> Summaries:
     """The run, while it holds every OUT's lease."""
     for o in outs:
-        if config.overwrite and o.place.exists():
+        if config.overwrite and o.location.exists():
             announce(f"--overwrite: removing the earlier run in {o.config.out}")
-            resume.remove_run(o.place)
+            resume.remove_run(o.location)
     growth = _growth(config, sources, outs, announce=announce)
     if growth is not None:  # a growth (tokenize --add): plan only the inputs it adds, cut as the run was
         if not growth.sources:
@@ -342,9 +342,9 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, outs: list[_Output], enc
     interrupt.check()  # a Ctrl-C swallowed inside Dask still stops us before the commit point
     for o in outs:
         # A worker killed mid-write during this run left one too; every partition is committed now.
-        _clear_leftovers(o.place)
+        _clear_leftovers(o.location)
         o.lease.check()  # a run that stalled past its lease must not commit over its successor's files
-        _check_parts_here(o.place, o.entries.values())
+        _check_parts_here(o.location, o.entries.values())
     _announce_invalid_rows({e.index: e for o in outs for e in o.entries.values()}.values(), announce=announce)
     _announce_bad_rows([e for o in outs for e in o.entries.values()], column=config.text_column, announce=announce)
     summaries = Summaries(tuple(_commit(o, corpus, t0=t0) for o in outs))
@@ -359,7 +359,7 @@ def _growth(config: TokenizeConfig, sources: list, outs: list[_Output], *,
     None. A growth is one run's: with several encodings, it is refused in one line."""
     if len(outs) > 1 and config.add:
         raise UserError("--add takes one --encoding and one --out at a time; run it once per output")
-    found = [(o, grow.start(o.place, add=config.add, sources=sources, announce=announce,
+    found = [(o, grow.start(o.location, add=config.add, sources=sources, announce=announce,
                             partition_bytes=config.partition_bytes))
              for o in outs]
     grown = [o.config.out for o, growth in found if growth is not None]
@@ -394,17 +394,17 @@ def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Call
     )
     if o.growth is not None:
         o.identity = o.growth.identity(o.identity)
-        o.growth.claim(o.place, o.identity)
+        o.growth.claim(o.location, o.identity)
     else:
-        resume.claim_output(o.place, o.identity,
+        resume.claim_output(o.location, o.identity,
                             identity_like=lambda path, recorded: _identity_like(path, recorded, config, files))
     if o.chat is not None:  # what decides a chat run's bytes besides the encoding (whose files hold the template);
         # not --on-bad-row: a partition committed under fail holds no bad row, and is the same under skip
         o.identity = {**o.identity, "chat": {k: v for k, v in o.chat.items() if k != "on_bad_row"}}
     o.job = resume.identity_hash(o.identity)
-    _clear_leftovers(o.place)
+    _clear_leftovers(o.location)
     redo: list[str] = []
-    o.committed = resume.committed_entries(o.place, job=o.parts_job, pieces=corpus.pieces, redo=redo,
+    o.committed = resume.committed_entries(o.location, job=o.parts_job, pieces=corpus.pieces, redo=redo,
                                            kept=o.growth.kept_entries() if o.growth is not None else None)
     for note in redo:
         announce(o.about(note))
@@ -443,7 +443,7 @@ def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
                                             **({"chat": o.chat} if o.chat is not None else {})})
     if o.growth is not None:
         result = o.growth.manifest(result, planned=o.growth.first_index + len(corpus.pieces))
-    manifest.write_manifest(o.place, result)
+    manifest.write_manifest(o.location, result)
     totals = result.totals
     kept = len(o.growth.kept.partitions) if o.growth is not None else 0  # a growth's summary counts the whole run
     return Summary(out=o.config.out, partitions=kept + len(corpus.pieces), skipped_partitions=kept + len(o.committed),
@@ -476,7 +476,7 @@ def _identity_like(url: str, recorded: dict, config: TokenizeConfig, files: list
     return dict(file_identity_like(*filesystem(url, config.storage_options), recorded))
 
 
-def _check_parts_here(out: Place, entries) -> None:
+def _check_parts_here(out: Location, entries) -> None:
     """The manifest lists only files this machine sees: a worker that joined after the start-up
     check, on a machine that does not share a local OUT, wrote its parts to its own disk."""
     if not out.is_local:
@@ -535,7 +535,7 @@ def chat_block(config: TokenizeConfig, loaded) -> dict:
             "tools_column": config.tools_column, "on_bad_row": config.on_bad_row}
 
 
-def _clear_leftovers(out: Place) -> None:
+def _clear_leftovers(out: Location) -> None:
     """What killed writers leave: local ``*.tmp`` files, unfinished S3 multipart uploads, write
     probes of commands that failed or died. Only when no writer of this job is active (before its
     tasks start, after they all finished)."""

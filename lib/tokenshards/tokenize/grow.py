@@ -22,7 +22,7 @@ from ..format import v1
 from ..format.v1 import InputRecord, Manifest, PartitionEntry
 from ..storage.hubspec import PROTOCOL
 from ..storage.sources import ListedInput
-from ..storage.place import Place
+from ..storage.location import Location
 from ..storage.store import describe_identity_change, file_identity_like, filesystem
 from ..wording import counted
 from .resume import describe_conflict, recorded_inputs
@@ -59,7 +59,7 @@ class Growth:
                 + [dataclasses.replace(i, generation=self.generation).to_dict() for i in recorded_inputs(added)],
                 "parts_job": self.parts_job}
 
-    def claim(self, out: Place, identity: dict) -> None:
+    def claim(self, out: Location, identity: dict) -> None:
         """Record the grown run in OUT's job file, or refuse when the settings differ from the run
         it grows, or an input of an unfinished growth changed since that growth planned it."""
         url = out.url
@@ -104,7 +104,7 @@ def is_grown(recorded: dict) -> bool:
     return "parts_job" in recorded
 
 
-def start(out: Place, *, add: bool, sources: list[ListedInput], partition_bytes: int | None,
+def start(out: Location, *, add: bool, sources: list[ListedInput], partition_bytes: int | None,
           announce: Callable[[str], None] = lambda msg: None) -> Growth | None:
     """How this command continues the run in OUT: None for an ordinary run (no run there yet, or
     a run never grown and no ``--add``), else the ``Growth`` to make or finish. One-line

@@ -11,7 +11,7 @@ from typing import Callable
 from ..errors import OutputConflict, UserError
 from ..format import v1
 from ..format.v1 import InputRecord, PartitionEntry
-from ..storage.place import Place
+from ..storage.location import Location
 from ..wording import counted
 from ..corpus.plan import Piece
 
@@ -52,7 +52,7 @@ def recorded_inputs(identity: dict, *, url: str = "OUT") -> tuple[InputRecord, .
         raise OutputConflict(f"{url}/{JOB_FILE}: {e}; pass --overwrite to replace it") from e
 
 
-def committed_entries(out: Place, *, job: str, pieces: list[Piece], redo: list[str] | None = None,
+def committed_entries(out: Location, *, job: str, pieces: list[Piece], redo: list[str] | None = None,
                       kept: dict[int, PartitionEntry] | None = None) -> dict[int, PartitionEntry]:
     """Partitions an earlier run of the *same* job committed: their done record exists and so do
     their tokens and docs files, at the sizes the record gives (one listing of ``parts/``, not a
@@ -176,7 +176,7 @@ def add_hint(old: dict, new: dict) -> str:
             "(or use another --out, or pass --overwrite to replace it)") if added > 0 else ""
 
 
-def claim_output(out: Place, identity: dict, *, identity_like: Callable[[str, dict], dict] | None = None) -> None:
+def claim_output(out: Location, identity: dict, *, identity_like: Callable[[str, dict], dict] | None = None) -> None:
     """Record this job in OUT, or refuse when OUT already holds a different one.
 
     ``identity_like(path, recorded)``: an input's file identity now, in the terms ``recorded``
@@ -221,7 +221,7 @@ def _in_terms_of(old: dict, identity: dict, identity_like: Callable[[str, dict],
     return {**identity, "inputs": [restated(i) for i in recorded_inputs(identity)]}
 
 
-def remove_run(out: Place) -> None:
+def remove_run(out: Location) -> None:
     """Everything a run writes in OUT (``--overwrite``, under OUT's lease); other files there are left alone."""
     for name in (v1.MANIFEST, JOB_FILE, "parts"):
         try:
@@ -232,7 +232,7 @@ def remove_run(out: Place) -> None:
                             "is something else still writing there? rerun once it stopped") from e
 
 
-def remove_stale_temporaries(out: Place) -> int:
+def remove_stale_temporaries(out: Location) -> int:
     """Temporary files of writers that died (a killed worker); a rerun rewrites their parts."""
     stale = out.glob("parts", "*.tmp")
     for path in stale:

@@ -35,7 +35,7 @@ from ..errors import UserError
 from ..wording import counted
 from ..corpus.footers import WORKER_FOOTERS
 from ..storage.hubreaders import reading_plugins_for_run
-from ..storage.place import Place
+from ..storage.location import Location
 from ..storage.store import file_identity_like, filesystem, is_local, join, read_json
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_mask,
                      check_separators,
@@ -332,7 +332,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     """Check OUT; problems are returned, never raised. Raises ``UserError`` only when there is
     nothing to check (no manifest) or the cluster or storage can't be reached."""
 
-    run = Place.at(config.out, config.storage_options)
+    run = Location.at(config.out, config.storage_options)
     fs, root = run.fs, run.root
     try:
         raw = v1.read_manifest_json(run)

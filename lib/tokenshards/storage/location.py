@@ -1,15 +1,15 @@
-"""A place in storage: one folder (OUT, DEST, a run an export reads) or file, as the user named it
+"""A location in storage: one folder (OUT, DEST, a run an export reads) or file, as the user named it
 and as fsspec reaches it, in one value instead of a filesystem, a path and a URL passed side by side.
 
-Built in one place, ``Place.at(url, storage_options)``; the operations its callers repeat (join
+Built in one place, ``Location.at(url, storage_options)``; the operations its callers repeat (join
 a relative path, read and write atomically, exists, the URL to show) are methods that name the
 path relative to it.
 
-A place crosses processes as what built it, never as its filesystem: pickled, it is the URL and
+A location crosses processes as what built it, never as its filesystem: pickled, it is the URL and
 the wrapped storage options (``StorageOptions``, whose repr hides every value), and the process
 that unpickles it builds its own filesystem from them, as every task does (``store``'s rule: an
 ``S3FileSystem``'s event loop and connections belong to one process, and Azure's filesystem class
-is made per process). A local place travels as its absolute path: a worker's working directory
+is made per process). A local location travels as its absolute path: a worker's working directory
 may differ from the client's.
 """
 from __future__ import annotations
@@ -24,19 +24,19 @@ from .store import storage_options as checked_options
 
 
 @dataclass(frozen=True)
-class Place:
-    """A folder or file in storage (glossary: **place**). Equal when the URL and path are."""
+class Location:
+    """A folder or file in storage (glossary: **location**). Equal when the URL and path are."""
 
     url: str
     """As the user gave it (``--out out``, ``s3://b/run``): what messages name."""
     fs: fsspec.AbstractFileSystem = field(repr=False, compare=False)
     root: str
-    """The place's path as ``fs`` names it (a local one absolute; no protocol)."""
+    """The location's path as ``fs`` names it (a local one absolute; no protocol)."""
     storage_options: StorageOptions = field(default_factory=StorageOptions, repr=False, compare=False)
 
     @classmethod
-    def at(cls, url: str, storage_options: dict | None = None) -> Place:
-        """The place ``url`` names; each process builds its own (``store.filesystem``: a one-line
+    def at(cls, url: str, storage_options: dict | None = None) -> Location:
+        """The location ``url`` names; each process builds its own (``store.filesystem``: a one-line
         ``UserError`` for a URL or options it cannot open)."""
         options = checked_options(storage_options)
         fs, root = filesystem(url, options)
@@ -55,12 +55,12 @@ class Place:
 
     @property
     def task_url(self) -> str:
-        """What a task opens this place by: a local one as its absolute path (a worker's working
+        """What a task opens this location by: a local one as its absolute path (a worker's working
         directory may differ), any other as the URL given."""
         return self.root if self.is_local else self.url
 
     def join(self, *parts: str) -> str:
-        """The path of ``parts`` inside the place, as ``fs`` names it."""
+        """The path of ``parts`` inside the location, as ``fs`` names it."""
         return join(self.root, *parts)
 
     def shown(self, *parts: str) -> str:
@@ -84,7 +84,7 @@ class Place:
         write_atomic(self.fs, self.join(relative), data)
 
 
-def _reopened(url: str, opened_as: str, options: StorageOptions) -> Place:
-    """A pickled place in this process: its own filesystem, built from what built the first."""
+def _reopened(url: str, opened_as: str, options: StorageOptions) -> Location:
+    """A pickled location in this process: its own filesystem, built from what built the first."""
     fs, root = filesystem(opened_as, options)
-    return Place(url=url, fs=fs, root=root, storage_options=options)
+    return Location(url=url, fs=fs, root=root, storage_options=options)
