@@ -25,9 +25,8 @@ from ..cluster.progress import Progress
 from ..errors import UserError
 from ..format import v1
 from ..storage.hubreaders import reading_plugins_for_run
-from ..storage.store import join
 from ..wording import counted
-from .stats import PartRef, RunStats, Summary, combine_summaries, inspect_here, summarize_partitions, task_root
+from .stats import PartRef, RunStats, Summary, combine_summaries, inspect_here, summarize_partitions
 
 LOCAL_PARTITIONS = 64
 LOCAL_DOCUMENTS = 250_000
@@ -60,21 +59,19 @@ def run_inspect(config: InspectConfig, *, announce: Callable[[str], None] = prin
     """Read OUT's manifest here, then its partitions on the cluster (or here, for a small run with
     no cluster named). Anything wrong is a one-line ``UserError``."""
     run, manifest = v1.open_finished(config.out, config.storage_options)
-    fs, root = run.fs, run.root
     parts = manifest.partitions
     if not config.names_a_cluster() and len(parts) <= LOCAL_PARTITIONS and manifest.totals.docs <= LOCAL_DOCUMENTS:
-        return inspect_here(config.out, fs, root, manifest, storage_options=config.storage_options,
-                            language_column=config.language_column)
+        return inspect_here(run, manifest, language_column=config.language_column)
     refs = [PartRef.of(e) for e in parts]
     local_inputs = sorted({r.input for r in refs if machines.is_local_path(r.input)})
-    out_files = [join(root, v1.MANIFEST), *(join(root, r.docs_file) for r in refs)]
+    out_files = [run.join(v1.MANIFEST), *(run.join(r.docs_file) for r in refs)]
     with runner.connect_to(config, announce=announce,
                            local_paths=[machines.reading_run("OUT", config.out, out_files)]) as client:
         unseen = _unseen_inputs(client, local_inputs)
         for hub in reading_plugins_for_run(manifest.input_identities(), manifest.extra):  # a --fetch workers run's inputs
             client.register_plugin(hub)
         announce(f"inspecting {counted(len(refs), 'partition')} of {config.out}")
-        summary = summarize_on_cluster(client, refs, out=task_root(fs, root, config.out),
+        summary = summarize_on_cluster(client, refs, out=run.task_url,
                                        storage_options=config.storage_options, language_column=config.language_column,
                                        unseen_local_inputs=unseen,
                                        progress=Progress(len(refs), mode=config.progress, amount=None))

@@ -33,7 +33,8 @@ from ..wording import human
 from ..wording import counted
 from ..cluster.machines import is_local_path
 from ..storage.hubreaders import reading_plugins_for_run
-from ..storage.store import filesystem, is_local, join, write_atomic
+from ..storage.location import Location
+from ..storage.store import filesystem, join, write_atomic
 
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 LENGTH_EDGES = np.unique(np.floor(np.geomspace(1, 2**40, 8192)).astype(np.int64))
@@ -171,24 +172,16 @@ def inspect_output(out: str, *, storage_options: dict | None = None, language_co
     """Read OUT's manifest, then every partition's docs file (and its input's language column), in
     this process: ``inspect.command.run_inspect`` does this for small runs, the cluster for the rest."""
     run, manifest = v1.open_finished(out, storage_options)
-    return inspect_here(out, run.fs, run.root, manifest, storage_options=storage_options, language_column=language_column,
-                        threads=threads)
+    return inspect_here(run, manifest, language_column=language_column, threads=threads)
 
 
-def inspect_here(out: str, fs, root: str, manifest: Manifest, *, storage_options: dict | None,
-                 language_column: str, threads: int = 8) -> RunStats:
+def inspect_here(run: Location, manifest: Manifest, *, language_column: str, threads: int = 8) -> RunStats:
     """An opened run's partitions read in this process, by the function the cluster's tasks run."""
     for hub in reading_plugins_for_run(manifest.input_identities(), manifest.extra):  # a --fetch workers run's inputs:
         hub.setup(worker=None)  # read in this process, from its copy here, else by range from the Hub
-    summary = summarize_partitions([PartRef.of(e) for e in manifest.partitions], out=task_root(fs, root, out),
-                                   storage_options=storage_options, language_column=language_column, threads=threads)
-    return RunStats.of(summary, out=out, manifest=manifest, language_column=language_column)
-
-
-def task_root(fs, root: str, out: str) -> str:
-    """OUT as a task opens it: a local OUT as an absolute path (a worker's working directory may
-    differ), any other as the URL given (its root has no protocol)."""
-    return root if is_local(fs) else out
+    summary = summarize_partitions([PartRef.of(e) for e in manifest.partitions], out=run.task_url,
+                                   storage_options=run.storage_options, language_column=language_column, threads=threads)
+    return RunStats.of(summary, out=run.url, manifest=manifest, language_column=language_column)
 
 
 def summarize_partitions(parts: Sequence[PartRef], *, out: str, storage_options: dict | None,

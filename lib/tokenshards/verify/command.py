@@ -333,7 +333,6 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     nothing to check (no manifest) or the cluster or storage can't be reached."""
 
     run = Location.at(config.out, config.storage_options)
-    fs, root = run.fs, run.root
     try:
         raw = v1.read_manifest_json(run)
     except FileNotFoundError as e:
@@ -357,7 +356,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
         return _report(config, manifest=None, problems=problems)
     problems = check_entries(manifest)
     try:
-        names = _list_parts(fs, root)
+        names = _list_parts(run)
     except OSError as e:
         raise UserError(f"cannot list {config.out}/parts: {type(e).__name__}: {e}") from e
     listing_problems, warnings = check_listing(manifest, names)
@@ -389,7 +388,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
         sample = {i: rows for i, rows in sample.items() if input_of[i] not in unfit}
         sampled -= set(unfit)
     # The workers read the parts (and --deep's inputs): a pass must speak of what this machine sees.
-    local_paths = [machines.reading_run("OUT", config.out, manifest.files(root)),
+    local_paths = [machines.reading_run("OUT", config.out, manifest.files(run.root)),
                    *[machines.PathUse(option="input", url=path, writes=False, files=(path,)) for path in sorted(sampled)]]
     with runner.connect_to(config, announce=announce, local_paths=local_paths) as client:
         if loaded is not None:
@@ -402,18 +401,15 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
             expected = dataclasses.replace(expected, encoder=plugin.ref, input_identities=identities)
         announce(f"verifying {counted(len(entries), 'partition')} of {config.out}"
                  + (f", re-tokenizing {sum(map(len, sample.values()))} documents" if sample else ""))
-        partition_problems, compared = _verify_partitions(client, entries, sample, config=config, expected=expected)
+        partition_problems, compared = _verify_partitions(client, run, entries, sample, config=config, expected=expected)
     return _report(config, manifest=manifest, problems=problems + partition_problems, warnings=warnings,
                    compared=compared)
 
 
-def _verify_partitions(client: Client, entries: list[PartitionEntry], sample: dict[int, list[int]], *, config: VerifyConfig,
-                       expected: Expected) -> tuple[list[str], int]:
-    fs, root = filesystem(config.out, config.storage_options)
-    # A local OUT goes to workers as an absolute path: their working directory may differ.
-    out = root if is_local(fs) else config.out
+def _verify_partitions(client: Client, run: Location, entries: list[PartitionEntry], sample: dict[int, list[int]], *,
+                       config: VerifyConfig, expected: Expected) -> tuple[list[str], int]:
     futures = runner.submit(client, verify_partition, entries, [sample.get(e.index, []) for e in entries],
-                            out=out, storage_options=config.storage_options, expected=expected)
+                            out=run.task_url, storage_options=run.storage_options, expected=expected)
     results = runner.gather(client, futures, entries, explain=runner.failure(lambda e: f"checking partition {e.index}"),
                             progress=Progress(len(entries), mode=config.progress, amount=None))
     problems = [p for partition_problems, _ in results for p in partition_problems]
@@ -446,13 +442,12 @@ def _deep_encoding(manifest: Manifest, *, announce: Callable[[str], None], encod
     return loaded, problems
 
 
-def _list_parts(fs, root: str) -> list[str]:
+def _list_parts(run: Location) -> list[str]:
     """Every file under parts/, as a path relative to OUT (like the manifest's)."""
-    parts = join(root, "parts")
-    if not fs.exists(parts):
+    if not run.exists("parts"):
         return []
-    prefix = root.rstrip("/") + "/"
-    return [p[len(prefix):] if p.startswith(prefix) else p for p in fs.find(parts)]
+    prefix = run.root.rstrip("/") + "/"
+    return [p[len(prefix):] if p.startswith(prefix) else p for p in run.fs.find(run.join("parts"))]
 
 
 def _report(config: VerifyConfig, *, manifest: Manifest | None, problems: list[str], warnings: list[str] = (),
