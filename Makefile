@@ -36,10 +36,17 @@ TOKENIZE_FLAGS = --out $(OUT) --encoding $(ENCODING) \
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstalls only when pyproject.toml changed since the last install.
+# Reinstalls only when pyproject.toml changed since the last install. uv installs from its cache in
+# seconds where pip takes minutes (torch, transformers, ...): it is handed pip's find-links and
+# constraints (uv reads no pip.conf), and pip installs instead wherever uv cannot.
+EXTRAS := fast,llama,test,gcs,azure
+pip_config = $(shell $(BIN)/python -m pip config list 2>/dev/null | sed -n "s/^\(global\|install\|:env:\)\.$(1)='\(.*\)'$$/\2/p" | tr ' ' '\n' | sort -u)
+UV_FLAGS = $(foreach d,$(call pip_config,find-links),--find-links $(d)) \
+	$(foreach c,$(call pip_config,constraint),--constraint $(c))
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[fast,llama,test,gcs,azure]'
+	$(BIN)/python -m pip install --quiet --upgrade pip uv
+	$(BIN)/uv pip install --quiet --python $(BIN)/python $(UV_FLAGS) -e '.[$(EXTRAS)]' \
+		|| $(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	$(BIN)/python -m pip check
 	touch $(STAMP)
 
