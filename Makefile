@@ -70,10 +70,11 @@ download: $(STAMP)
 	$(BIN)/tokenshards download $(HUB_FLAGS) $(if $(DOWNLOAD_DIR),--to $(DOWNLOAD_DIR))
 
 # The suite in TEST_PROCESSES processes (whole modules each, so a module's fixtures are made once);
-# the tests marked serial (they measure wall time) then run alone.
+# the tests marked serial (they measure wall time) then run alone. The 25 slowest are listed: where
+# the suite's time goes, in every CI log.
 TEST_PROCESSES ?= 3
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile -m "not serial" tests
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile -m "not serial" --durations=25 tests
 	$(BIN)/python -m pytest -q -m serial tests
 
 # A cluster by hand, the documented way (`dask scheduler` / `dask worker`; the old
