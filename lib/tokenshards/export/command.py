@@ -28,6 +28,8 @@ from .common import (ExportSummary, check_destination, dest_lease, export_record
                      val_candidates, write_files, written_files)
 from .config import DEFAULT_CHUNK_BYTES, DEFAULT_SHARD_TOKENS, DEFAULT_VAL_TOKENS, ExportConfig
 from .layout import Chunk, Streams
+from .packed import run_packed_export
+from .shuffle import run_shuffled_export
 from .write import PartInfo, Source, Target, target_kind, write_chunk
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_SHARD_TOKENS", "DEFAULT_VAL_TOKENS", "ExportConfig", "ExportSummary",
@@ -41,13 +43,9 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
     check_destination(config)
     with _made_here(config), _runs_kept(config):
         if config.rows:  # packed sequences, or hf's parquet rows: written row group by row group
-            from .packed import run_packed_export
-
             with dest_lease(config, announce=announce) as lease:
                 return run_packed_export(config, lease=lease, announce=announce)
         if config.shuffled:
-            from .shuffle import run_shuffled_export
-
             with dest_lease(config, announce=announce) as lease:
                 return run_shuffled_export(config, lease=lease, announce=announce)
         t0 = time.perf_counter()

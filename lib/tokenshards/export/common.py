@@ -1,7 +1,8 @@
 """What both export drivers stand on (``command.py``: documents in manifest order; ``shuffle.py``:
 seeded and mixed): DEST's lease and its earlier files, the validation candidates, writing every
 file in parallel chunks and committing them together, the record and the summary. Neither driver
-imports the other's module for these; ``job.run_export`` only hands shuffled exports to ``shuffle``.
+imports the other's module for these; ``command.run_export`` only hands shuffled exports to ``shuffle``
+(and row exports to ``packed``).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ..storage.location import Location
 from ..storage.store import (WRITE_PROBE_PREFIX, check_bucket, display_url, filesystem, is_local, is_s3, join,
                              remove_stale_probes, write_advice, write_json)
 from ..wording import counted, human
-from . import valsplit
+from . import formats, valsplit
 from .config import ExportConfig
 from .formats import Plan
 from .layout import Chunk, MaskRun, OutFile, Streams, chunk_file
@@ -135,8 +136,6 @@ def earlier_format_patterns(fs, root: str, config: ExportConfig) -> list[str]:
     """The file globs of the export whose record this one replaces, when it was of another format
     (an llmc export overwritten by an npy one must not leave its ``.bin`` shards beside the new
     ones). Globs of a known format, under DEST: the record's own file list is never trusted."""
-    from . import formats
-
     path = join(root, config.fmt.record_name(config.name_prefix))
     try:
         if is_local(fs) and not os.path.isfile(path):  # missing, or not a regular file: never opened

@@ -33,12 +33,15 @@ from ..cluster import runner
 from ..cluster.progress import Progress
 from ..errors import UserError
 from ..format.export_record import ROWS, ExportFile, ExportSource, Order, PackedRows, SplitCounts
-from ..storage.store import check_bucket, filesystem, is_local, join, temporary_beside, write_json
+from ..storage.store import check_bucket, filesystem, is_local, join, temporary_beside, write_atomic, write_json
 from ..wording import counted
 from . import mix, order
 from .common import ExportSummary, export_record, prepare_dest, paths_used, split_validation
 from .formats import base as format_base
-from .formats import PACKED_IN_TRAINER_FILES, hf
+from .formats import PACKED_IN_TRAINER_FILES, hf, megatron, olmo
+from .formats.megatron import packed_index
+from .formats.npy import header
+from .formats.olmo import packed_documents, packed_names
 from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
 from .shuffle import Catalog, open_runs
 from ..format.reader import MaskFiles, has_masks
@@ -325,8 +328,6 @@ def npy_names(prefix: str, split: str, index: int, columns: tuple[str, ...]) -> 
 
 
 def _write_npy(fs, root: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
-    from .formats.npy import header
-
     names = npy_names(task.prefix, task.split, task.index, task.columns + (("mask",) if task.mask else ()))
     n, seq_len = task.rows, task.seq_len
     with contextlib.ExitStack() as stack:
@@ -349,8 +350,6 @@ def _write_npy(fs, root: str, task: ShardTask, batches, length, bounds, filled, 
 
 def _write_megatron(fs, root: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
     """``NAME.bin``: the rows back to back; ``NAME.idx``: one document of N tokens per row."""
-    from .formats.megatron import packed_index
-
     with _output(fs, join(root, f"{task.name}.bin"), written) as out:
         for r0, r1, p0, p1, tokens in batches:
             out.write(_rows_of(task, r0, r1, p0, length, bounds, filled, tokens)["input_ids"].astype(task.dtype).tobytes())
@@ -362,8 +361,6 @@ def _write_megatron(fs, root: str, task: ShardTask, batches, length, bounds, fil
 def _write_olmo(fs, root: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
     """``SPLIT/PREFIX.npy``: the rows back to back, headerless; ``.csv.gz``: every piece's start,end in
     it; ``SPLIT/label_mask/PREFIX.npy`` when asked: True where the loss is taken."""
-    from .formats.olmo import packed_documents, packed_names
-
     names = packed_names(task.prefix, task.split, label_mask=task.label_mask)
     n_tokens = task.rows * task.seq_len
     with contextlib.ExitStack() as stack:
@@ -627,8 +624,6 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
                           bytes=int(dest_fs.size(join(dest_root, name)))) for name, tokens in files])
     lease.check()
     if config.format == "hf":
-        from ..storage.store import write_atomic
-
         write_atomic(dest_fs, join(dest_root, "README.md"), hf.local_card(record).encode())
     write_json(dest_fs, join(dest_root, config.fmt.record_name(config.name_prefix)), record.to_dict())
     return ExportSummary(to=config.to, files=[name for name, _ in files], val_docs=splits["val"].docs,
@@ -661,8 +656,6 @@ def _trainer_notes(config, manifest, *, spec: PackSpec, dtype: str, padded: bool
     """How the trainer reads a megatron or olmo export's rows and finds their documents."""
     if config.format not in PACKED_IN_TRAINER_FILES:
         return []
-    from .formats import megatron, olmo
-
     prefix, suffix = manifest.encoding.boundaries(manifest.eot_position)
     if config.format == "megatron":
         return megatron.packed_notes(seq_len=spec.seq_len, prefix=prefix, suffix=suffix, padded=padded,

@@ -45,6 +45,7 @@ from ..storage.hubrepo import HubDestination
 from ..storage.store import filesystem, is_local
 from ..wording import counted, human
 from . import card as cards
+from . import formats
 from .command import ExportConfig, ExportSummary, run_export
 
 COMMIT_FILES = 50
@@ -144,8 +145,6 @@ def _hub_bars_follow(progress: str):
 
 def _stage(config: PublishConfig, staging: str, *, announce: Callable[[str], None]) -> tuple[ExportSummary, str]:
     """The export in ``staging``: the one a stamp there says is this export, else a fresh one."""
-    from . import formats
-
     export = config.export
     record_name = formats.get(export.format).record_name(export.name_prefix)
     key = _stage_key(export)
@@ -237,8 +236,6 @@ def _upload(api, config: PublishConfig, dest: HubDestination, staging: str, name
     DIR, ``card`` goes beside the shards (its paths relative to DIR) and ``root_card`` (the same,
     its paths relative to the root) to the root README.md when that is missing or a publish's."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
-    from . import formats
-
     export = config.export
     remote = hubrepo.remote_files(api, dest, retries=config.retries, backoff=config.backoff)
     local = {n: file_hashes(os.path.join(staging, n)) for n in [*names, record_name]}

@@ -4,6 +4,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
+import hashlib
+import json
 import os
 import re
 import time
@@ -22,6 +24,7 @@ from ..encoding import prebuilt
 from ..encoding import registry
 from ..encoding.backends import backend_version, check_request
 from ..encoding.boundaries import Boundaries
+from ..encoding.chat import GENERATION_RE, template_of, tool_template_of
 from ..encoding.plugin import EncoderPlugin
 from ..errors import UserError
 from ..corpus.gather import Corpus, find_inputs, gather, open_inputs
@@ -518,11 +521,6 @@ def _tools_note(config: TokenizeConfig) -> str:
 def chat_block(config: TokenizeConfig, loaded) -> dict:
     """The manifest's (and job identity's) ``chat`` block; a tokenizer without a chat template
     is refused here, in one line, before any work."""
-    import hashlib
-    import json
-
-    from ..encoding.chat import GENERATION_RE, template_of, tool_template_of
-
     if getattr(loaded, "kind", "") != "hf":
         raise UserError(f"--chat-column needs a Hugging Face tokenizer with a chat template (tokenizer.json + "
                         f"tokenizer_config.json, a folder or a Hub repo id); --encoding {config.encoding} is a "

@@ -30,6 +30,7 @@ from ..cluster import machines
 from ..cluster.options import RunOptions
 from ..encoding import registry
 from ..encoding.boundaries import Boundaries
+from ..encoding.chat import BadRow, messages_of, tools_of
 from ..encoding.plugin import EncoderPlugin
 from ..errors import UserError
 from ..wording import counted
@@ -37,6 +38,7 @@ from ..corpus.footers import WORKER_FOOTERS
 from ..storage.hubreaders import reading_plugins_for_run
 from ..storage.location import Location
 from ..storage.store import file_identity_like, filesystem, is_local, join, read_json
+from ..tokenize.config import tools_to_read
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_mask,
                      check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
@@ -213,8 +215,6 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
 
 def _compare_chat(label: str, value, ids: np.ndarray, mask: np.ndarray | None, *, template, tools=None) -> list[str]:
     """A chat row rendered (with its tools) and encoded again (``encoding.chat``), its ids and mask compared."""
-    from ..encoding.chat import BadRow, messages_of, tools_of
-
     messages, given = messages_of(value), tools_of(tools)
     row = messages if not isinstance(messages, list) else given if isinstance(given, BadRow) \
         else template.encode(messages, given)
@@ -289,8 +289,6 @@ def _not_parquet(url: str, storage_options: dict) -> str | None:
 def _chat_tools(block: dict | None) -> tuple[str, bool] | None:
     """The tools column a chat run read (its ``chat`` block; runs from before ``--tools-column``
     read none)."""
-    from ..tokenize.config import tools_to_read
-
     if not block:
         return None
     return tools_to_read(block.get("column"), block.get("tools_column", "none"))
