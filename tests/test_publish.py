@@ -123,8 +123,10 @@ def test_publish_then_download_as_modded_nanogpt_does(run, cluster, hub, tmp_pat
         assert f"| {label} | {s['tokens']:,} tokens, {s['docs']:,} documents" in card
     assert "source order" in card and f"{VAL:,} tokens requested" in card
     assert "hf_hub_download(repo_id='me/tokens', filename='gpt2/' + fname, repo_type='dataset'" in card
-    root_card = hub.root / "README.md"  # a repo without a card of its own gets this one at its root
-    assert root_card.read_bytes() == got["README.md"]
+    # A repo without a card of its own gets this one at its root, its link to the record relative to the root.
+    root_card = hub.root / "README.md"
+    assert root_card.read_bytes() == got["README.md"].replace(b"](fineweb_export.json)", b"](gpt2/fineweb_export.json)")
+    assert b"](gpt2/fineweb_export.json)" in root_card.read_bytes()
 
     # the same command again: nothing exported, nothing sent, no commit, same content
     before = {p: p.read_bytes() for p in sorted(hub.root.rglob("*")) if p.is_file()}
