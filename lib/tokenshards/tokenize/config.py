@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 from ..cluster.options import RunOptions
 from ..corpus.plan import check_on_bad_file
+from ..corpus.read import TOOLS_AUTO, tools_to_read
 from ..encoding.boundaries import BOUNDARY_CHOICES, EOT_TO_BOUNDARY, Boundaries, resolve
 from ..errors import UserError
 from ..storage.hubspec import HubDataset
 
 EOT_POSITIONS = ("prefix", "suffix", "none")
 ON_BAD_ROW = ("fail", "skip")
-TOOLS_AUTO, TOOLS_NONE, TOOLS_DEFAULT_COLUMN = "auto", "none", "tools"
 """``--tools-column``: its default (a ``tools`` column where an input has one), no tools, and that column's name."""
 
 @dataclass(frozen=True)
@@ -137,16 +137,6 @@ class TokenizeConfig(RunOptions):
 
     def replace(self, **changes) -> "TokenizeConfig":
         return dataclasses.replace(self, **changes)
-
-
-def tools_to_read(chat_column: str | None, tools_column: str) -> tuple[str, bool] | None:
-    """A chat run's tools column and whether every input must have it (named), or None (no tools
-    read); also what ``verify --deep`` reads again, from the manifest's ``chat`` block."""
-    if chat_column is None or tools_column == TOOLS_NONE:
-        return None
-    if tools_column == TOOLS_AUTO:
-        return None if chat_column == TOOLS_DEFAULT_COLUMN else (TOOLS_DEFAULT_COLUMN, False)
-    return tools_column, True
 
 
 def _check_distinct(outputs: tuple[Output, ...]) -> None:
