@@ -12,6 +12,7 @@ import pytest
 from daskprocs import dask_processes
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.demo import help_topics
+from tokenshards.errors import OutputConflict
 from tokenshards.tokenize.command import run_tokenize
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
@@ -98,6 +99,33 @@ def test_rerun_of_a_finished_run_changes_nothing(big_corpus, clean_run, tmp_path
                                           scheduler=cluster.scheduler_address, progress="none"), announce=lambda m: None)
     assert summary.skipped_partitions == summary.partitions
     assert _files(out) == before
+
+
+def test_done_records_without_a_job_file_resume_when_they_are_this_runs(big_corpus, clean_run, tmp_path, cluster):
+    """A run that fails before its first commit removes its job file; on a cluster it does not own, a
+    task still running may commit after that (seen under load: test_hub's failing download). The
+    rerun finds done records and no job file: they are this run's when each carries its job, and it
+    resumes from them; another run's are refused as before."""
+    import shutil
+
+    out = tmp_path / "orphaned"
+    shutil.copytree(clean_run, out)
+    (out / "manifest.json").unlink()
+    (out / "tokenshards-job.json").unlink()
+    done = sorted(out.glob("parts/part-*.done.json"))
+    for record in done[len(done) // 2:]:  # half committed, as a failed run leaves it
+        for part in out.glob(f"parts/{record.name.removesuffix('.done.json')}.*"):
+            part.unlink()
+    config = TokenizeConfig(inputs=(str(big_corpus),), out=str(out), partition_bytes=PARTITION_BYTES,
+                            scheduler=cluster.scheduler_address, progress="none")
+    summary = run_tokenize(config, announce=lambda m: None)
+    assert summary.skipped_partitions == len(done) // 2 < summary.partitions
+    assert _files(out) == _files(clean_run)
+
+    (out / "manifest.json").unlink()
+    (out / "tokenshards-job.json").unlink()
+    with pytest.raises(OutputConflict, match="already holds output that is not this run's"):
+        run_tokenize(config.replace(encoding="cl100k_base"), announce=lambda m: None)
 
 
 def test_resume_with_another_backend_records_both(big_corpus, clean_run, tmp_path, cluster):

@@ -395,15 +395,17 @@ def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Call
         inputs=[manifest.InputRecord(path=f.url, rows=f.rows, bytes=f.bytes, identity=dict(f.identity)).to_dict()
                 for f in files],
     )
+    # What decides a chat run's bytes besides the encoding (whose files hold the template); not
+    # --on-bad-row: a partition committed under fail holds no bad row, and is the same under skip.
+    chat = {"chat": {k: v for k, v in o.chat.items() if k != "on_bad_row"}} if o.chat is not None else {}
     if o.growth is not None:
         o.identity = o.growth.identity(o.identity)
         o.growth.claim(o.location, o.identity)
     else:
         resume.claim_output(o.location, o.identity,
-                            identity_like=lambda path, recorded: _identity_like(path, recorded, config, files))
-    if o.chat is not None:  # what decides a chat run's bytes besides the encoding (whose files hold the template);
-        # not --on-bad-row: a partition committed under fail holds no bad row, and is the same under skip
-        o.identity = {**o.identity, "chat": {k: v for k, v in o.chat.items() if k != "on_bad_row"}}
+                            identity_like=lambda path, recorded: _identity_like(path, recorded, config, files),
+                            job=resume.identity_hash({**o.identity, **chat}))
+    o.identity = {**o.identity, **chat}
     o.job = resume.identity_hash(o.identity)
     _clear_leftovers(o.location)
     redo: list[str] = []

@@ -176,11 +176,15 @@ def add_hint(old: dict, new: dict) -> str:
             "(or use another --out, or pass --overwrite to replace it)") if added > 0 else ""
 
 
-def claim_output(out: Location, identity: dict, *, identity_like: Callable[[str, dict], dict] | None = None) -> None:
+def claim_output(out: Location, identity: dict, *, identity_like: Callable[[str, dict], dict] | None = None,
+                 job: str | None = None) -> None:
     """Record this job in OUT, or refuse when OUT already holds a different one.
 
     ``identity_like(path, recorded)``: an input's file identity now, in the terms ``recorded``
-    used (``store.file_identity_like``), for inputs the job file recorded in other terms."""
+    used (``store.file_identity_like``), for inputs the job file recorded in other terms.
+    ``job``: the hash this run's done records carry. Done records without a job file are this
+    run's when every one carries it: a run that failed before its first commit removes its job
+    file, and a task still running on a cluster it does not own may commit after that."""
     url = out.url
     if out.exists(JOB_FILE):
         old = out.read_json(JOB_FILE)
@@ -198,9 +202,19 @@ def claim_output(out: Location, identity: dict, *, identity_like: Callable[[str,
             raise OutputConflict(f"{url} already holds a different run ({describe_conflict(old, identity)}); "
                                  + (add_hint(old, identity) or "use another --out, or pass --overwrite to replace it"))
         return
-    if out.exists(v1.MANIFEST) or out.glob("parts", "part-*.done.json"):
+    done = out.glob("parts", "part-*.done.json")
+    if out.exists(v1.MANIFEST) or (done and not (job is not None and _all_written_by(out, done, job))):
         raise OutputConflict(f"{url} already holds output that is not this run's; use another --out, or pass --overwrite to replace it")
     out.write_json(JOB_FILE, identity)
+
+
+def _all_written_by(out: Location, done: list[str], job: str) -> bool:
+    """Whether each of the ``done`` records in OUT is one that ``job`` wrote (one batched read)."""
+    try:
+        records = out.fs.cat(done)
+        return all(v1.DoneRecord.from_dict(json.loads(records[path]), where=path).job == job for path in done)
+    except (ValueError, OSError, KeyError):  # unreadable or not a done record: not provably this run's
+        return False
 
 
 def _in_terms_of(old: dict, identity: dict, identity_like: Callable[[str, dict], dict]) -> dict:
