@@ -845,6 +845,23 @@ def _gcs_compose(fs, path: str, sources: list[str]) -> None:
     fs.merge(path, sources)
 
 
+def remove_stale_parts(fs: fsspec.AbstractFileSystem, prefix: str) -> int:
+    """Client side, holding the lease of the folder ``prefix``: what killed exports' parted uploads
+    left there, never visible as files but billed: S3's unfinished multipart uploads (aborted) and
+    GCS's part objects in ``PARTS_FOLDER``s (removed). Azure lists nothing to remove: uncommitted
+    blocks go when the name is written again, or after a week. Returns how many went."""
+    if is_s3(fs):
+        return abort_stale_uploads(fs, prefix)
+    if not is_gcs(fs):
+        return 0
+    with contextlib.suppress(FileNotFoundError):
+        stale = [path for path in fs.find(prefix) if f"/{PARTS_FOLDER}/" in f"/{path[len(prefix):].lstrip('/')}"]
+        if stale:
+            fs.rm(stale)
+        return len(stale)
+    return 0
+
+
 def _remove_parts(fs, folder: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         found = fs.find(folder)
