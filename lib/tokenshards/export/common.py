@@ -23,9 +23,8 @@ from ..cluster.progress import Progress
 from ..errors import UserError
 from ..format.export_record import ExportFile, ExportRecord, ExportRecordError, SplitCounts
 from ..storage.lease import Lease
-from ..storage.location import Location
-from ..storage.store import (WRITE_PROBE_PREFIX, check_bucket, display_url, filesystem, is_local, is_s3, join,
-                             remove_stale_probes, write_advice, write_json)
+from ..storage.location import WRITE_PROBE_PREFIX, Location
+from ..storage.store import display_url, filesystem, is_local, is_s3, join, write_advice, write_json
 from ..wording import counted, human
 from . import formats, valsplit
 from .config import ExportConfig
@@ -101,7 +100,7 @@ def dest_lease(config: ExportConfig, *, announce: Callable[[str], None]) -> Leas
     """One live writer per folder, exports and tokenize runs alike: --overwrite never removes a
     live writer's files (``storage.lease``)."""
     dest = Location.at(config.to, config.storage_options)
-    check_bucket(dest.fs, dest.root, dest.url, what="export destination")
+    dest.check_bucket(what="export destination")
     return Lease(dest, command="export", announce=announce)
 
 
@@ -121,7 +120,7 @@ def prepare_dest(fs, root: str, config: ExportConfig) -> None:
         for path in found:
             fs.rm(path)
         _clear_unfinished(fs, root, patterns)
-        remove_stale_probes(fs, root)
+        Location.at(config.to, config.storage_options).remove_stale_probes()
         fs.makedirs(root, exist_ok=True)
         fs.pipe_file(probe, b"ok")
     except Exception as e:

@@ -33,7 +33,8 @@ from ..cluster import runner
 from ..cluster.progress import Progress
 from ..errors import UserError
 from ..format.export_record import ROWS, ExportFile, ExportSource, Order, PackedRows, SplitCounts
-from ..storage.store import check_bucket, filesystem, is_local, join, temporary_beside, write_atomic, write_json
+from ..storage.location import Location
+from ..storage.store import filesystem, is_local, join, temporary_beside, write_atomic, write_json
 from ..wording import counted
 from . import mix, order
 from .common import ExportSummary, export_record, prepare_dest, paths_used, split_validation
@@ -442,7 +443,7 @@ def run_packed_export(config, *, lease, announce: Callable[[str], None] = print)
             raise UserError(f"--val-tokens {config.val_tokens:,} asks {want:,} validation tokens of {run.path}, which holds "
                             f"{size:,}; pass a smaller --val-tokens (or 0 for no validation set)")
     dest_fs, dest_root = filesystem(config.to, config.storage_options)
-    check_bucket(dest_fs, dest_root, config.to, what="export destination")
+    Location.at(config.to, config.storage_options).check_bucket(what="export destination")
     prepare_dest(dest_fs, dest_root, config)
     _check_card(dest_fs, dest_root, config)
     seed = config.seed or 0

@@ -32,7 +32,8 @@ from ..format.export_record import SHUFFLED, ExportSource, Order
 from ..format.reader import PartitionFiles, has_masks, open_manifest
 from ..format.v1 import Manifest, PartitionEntry
 from ..storage.hub.cache import free_bytes
-from ..storage.store import check_bucket, filesystem, is_local
+from ..storage.location import Location
+from ..storage.store import filesystem, is_local
 from ..wording import counted
 from . import mix, order, valsplit
 from .common import (export_record, finish, paths_used, prepare_dest, split_counts, split_validation, write_files,
@@ -365,7 +366,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
 
     dest_fs, dest_root = filesystem(config.to, config.storage_options)
     kind = target_kind(dest_fs)
-    check_bucket(dest_fs, dest_root, config.to, what="export destination")
+    Location.at(config.to, config.storage_options).check_bucket(what="export destination")
     prepare_dest(dest_fs, dest_root, config)
     seed = config.seed or 0
 

@@ -3,7 +3,9 @@ and as fsspec reaches it, in one value instead of a filesystem, a path and a URL
 
 Built in one place, ``Location.at(url, storage_options)``; the operations its callers repeat (join
 a relative path, read and write atomically, exists, the URL to show) are methods that name the
-path relative to it.
+path relative to it, and so are the checks a command makes before it writes a folder (its bucket,
+a write probe, the probes earlier commands left): ``store`` cannot take a location (this module
+imports it), and those checks are of a folder, never of a bare path.
 
 A location crosses processes as what built it, never as its filesystem: pickled, it is the URL and
 the wrapped storage options (``StorageOptions``, whose repr hides every value), and the process
@@ -14,13 +16,25 @@ may differ from the client's.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import time
+import uuid
 from dataclasses import dataclass, field
 
 import fsspec
 
-from .store import (StorageOptions, display_url, filesystem, is_local, is_object_store, join, read_json,
-                    write_atomic, write_json)
+from ..errors import UserError
+from .store import (StorageOptions, _one_line, check_bucket, display_url, filesystem, is_local, is_object_store, join,
+                    read_json, storage_error, write_advice, write_atomic, write_json)
 from .store import storage_options as checked_options
+
+WRITE_PROBE_PREFIX = ".tokenshards-write-probe-"
+"""The name of the small file written (and removed) to learn that a folder takes writes."""
+
+STALE_PROBE_SECONDS = 60.0
+"""A probe lives milliseconds; one this old in a local folder was left by a process that died or
+failed while writing it (and another command's probe may be in flight now: younger ones stay)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,63 @@ class Location:
 
     def write_atomic(self, relative: str, data: bytes) -> None:
         write_atomic(self.fs, self.join(relative), data)
+
+    # -- before a command writes here -----------------------------------------------------------
+    def check_bucket(self, *, what: str) -> None:
+        """Object stores: fail now, in one line naming the URL, if the bucket is missing or the
+        endpoint or credentials fail (``store.check_bucket``, which inputs' globs also use)."""
+        check_bucket(self.fs, self.root, self.url, what=what)
+
+    def ensure_writable(self) -> None:
+        """Fail before any tokenizing when OUT cannot be written (a probe object, then removed).
+
+        On object stores nothing is created but the probe: s3fs's ``makedirs`` would create a
+        missing bucket, and a typo in ``--out`` must be an error, not a new bucket.
+        """
+        if self.is_local:
+            try:
+                self.fs.makedirs(self.join("parts"), exist_ok=True)
+            except OSError as e:
+                raise UserError(f"cannot write to output {self.url!r}: {type(e).__name__}: {_one_line(e)}; "
+                                "choose another --out or fix its permissions") from e
+        self.check_bucket(what="output")
+        probe = self.join(f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex}")
+        try:
+            write_atomic(self.fs, probe, b"ok")
+        except UserError:
+            raise
+        except Exception as e:
+            if self.is_local:
+                raise UserError(f"cannot write to output {self.url!r}: {type(e).__name__}: {_one_line(e)}; "
+                                f"{write_advice(e, '--out')}") from e
+            raise storage_error(e, self.url, what="cannot write to output", fs=self.fs) from e
+        # Write-only credentials are enough for a run; a probe already gone (a run that cleared this
+        # folder's leftovers meanwhile) is no error.
+        with contextlib.suppress(PermissionError, FileNotFoundError):
+            self.fs.rm(probe)
+
+    def remove_stale_probes(self) -> int:
+        """Write probes (``ensure_writable``'s, an export's) and their temporaries that earlier
+        commands left here: local ones older than ``STALE_PROBE_SECONDS``; on an object store,
+        every one (a probe there is one PUT: whole or absent, and removing it twice is no error).
+        Called by the folder's lease holder; returns how many went."""
+        gone = 0
+        try:
+            found = self.glob(WRITE_PROBE_PREFIX + "*")
+        except (OSError, ValueError):
+            return 0
+        now = time.time()
+        for path in found:
+            if self.is_local:
+                try:
+                    if now - os.lstat(path).st_mtime < STALE_PROBE_SECONDS:
+                        continue
+                except FileNotFoundError:
+                    continue
+            with contextlib.suppress(FileNotFoundError, PermissionError):
+                self.fs.rm(path)
+                gone += 1
+        return gone
 
 
 def _reopened(url: str, opened_as: str, options: StorageOptions) -> Location:

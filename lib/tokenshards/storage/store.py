@@ -40,7 +40,6 @@ import mmap
 import os
 import posixpath
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -998,69 +997,8 @@ def _one_line(e: BaseException) -> str:
     return text[:300] or type(e).__name__
 
 
-def ensure_writable(fs: fsspec.AbstractFileSystem, root: str, url: str) -> None:
-    """Fail before any tokenizing when OUT cannot be written (a probe object, then removed).
-
-    On object stores nothing is created but the probe: s3fs's ``makedirs`` would create a
-    missing bucket, and a typo in ``--out`` must be an error, not a new bucket.
-    """
-    if is_local(fs):
-        try:
-            fs.makedirs(join(root, "parts"), exist_ok=True)
-        except OSError as e:
-            raise UserError(f"cannot write to output {url!r}: {type(e).__name__}: {_one_line(e)}; "
-                            "choose another --out or fix its permissions") from e
-    check_bucket(fs, root, url, what="output")
-    probe = join(root, f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex}")
-    try:
-        write_atomic(fs, probe, b"ok")
-    except UserError:
-        raise
-    except Exception as e:
-        if is_local(fs):
-            raise UserError(f"cannot write to output {url!r}: {type(e).__name__}: {_one_line(e)}; "
-                            f"{write_advice(e, '--out')}") from e
-        raise storage_error(e, url, what="cannot write to output", fs=fs) from e
-    # Write-only credentials are enough for a run; a probe already gone (a run that cleared this
-    # folder's leftovers meanwhile) is no error.
-    with contextlib.suppress(PermissionError, FileNotFoundError):
-        fs.rm(probe)
-
-
-WRITE_PROBE_PREFIX = ".tokenshards-write-probe-"
-"""The name of the small file written (and removed) to learn that a folder takes writes."""
-
-STALE_PROBE_SECONDS = 60.0
-"""A probe lives milliseconds; one this old in a local folder was left by a process that died or
-failed while writing it (and another command's probe may be in flight now: younger ones stay)."""
-
-
 def write_advice(e: BaseException, option: str) -> str:
     """What to do when a local folder refused a write: a full disk is not a permissions problem."""
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
         return f"free some space there or choose another {option}"
     return f"choose another {option} or fix its permissions"
-
-
-def remove_stale_probes(fs: fsspec.AbstractFileSystem, root: str) -> int:
-    """Write probes (``ensure_writable``'s, an export's) and their temporaries that earlier
-    commands left in ``root``: local ones older than ``STALE_PROBE_SECONDS``; on an object store,
-    every one (a probe there is one PUT: whole or absent, and removing it twice is no error).
-    Called by the folder's lease holder; returns how many went."""
-    gone = 0
-    try:
-        found = fs.glob(join(root, WRITE_PROBE_PREFIX + "*"))
-    except (OSError, ValueError):
-        return 0
-    now = time.time()
-    for path in found:
-        if is_local(fs):
-            try:
-                if now - os.lstat(path).st_mtime < STALE_PROBE_SECONDS:
-                    continue
-            except FileNotFoundError:
-                continue
-        with contextlib.suppress(FileNotFoundError, PermissionError):
-            fs.rm(path)
-            gone += 1
-    return gone

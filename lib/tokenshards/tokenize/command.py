@@ -38,7 +38,7 @@ from ..wording import counted, human
 from ..storage.hubspec import PROTOCOL
 from ..storage.lease import Lease
 from ..storage.location import Location
-from ..storage.store import (abort_stale_uploads, ensure_writable, file_identity_like, filesystem, remove_stale_probes)
+from ..storage.store import abort_stale_uploads, file_identity_like, filesystem
 
 if TYPE_CHECKING:
     import dask.dataframe as dd  # imported where the graph is built: a user's mistake is said before it
@@ -114,7 +114,7 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
         for output in config.outputs:
             location = Location.at(output.out, config.storage_options)
             fresh.append(_Fresh.before(location))
-            ensure_writable(location.fs, location.root, location.url)  # a missing bucket or dead endpoint fails here, in one line
+            location.ensure_writable()  # a missing bucket or dead endpoint fails here, in one line
             locations.append((output, location))
         # One live writer per OUT: taken before anything in OUT is removed or written, held to the end.
         with contextlib.ExitStack() as held:
@@ -540,7 +540,7 @@ def _clear_leftovers(out: Location) -> None:
     probes of commands that failed or died. Only when no writer of this job is active (before its
     tasks start, after they all finished)."""
     resume.remove_stale_temporaries(out)
-    remove_stale_probes(out.fs, out.root)
+    out.remove_stale_probes()
     abort_stale_uploads(out.fs, out.join("parts"))
 
 
