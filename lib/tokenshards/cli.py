@@ -1,8 +1,10 @@
 """Command line: argument parsing only; each subcommand fills a config and calls one function.
 
 Each command imports its job inside its own function: ``tokenshards --help`` or a mistyped flag
-answers without importing Dask, pyarrow or huggingface_hub, and a local run starts its workers'
-forkserver (``_prestart_local_workers``) before this process imports the rest."""
+answers without importing Dask or huggingface_hub, and a local run starts its workers' forkserver
+(``_prestart_local_workers``) before this process imports the rest. (``export``'s ``--format``
+choices come from ``export.formats``, whose modules import pyarrow and numpy: every start pays
+for those.)"""
 from __future__ import annotations
 
 import argparse
@@ -20,7 +22,9 @@ from .cluster import interrupt
 from .encoding import names
 from .encoding.boundaries import BOUNDARY_CHOICES
 from .errors import UserError
-from .storage.hubspec import is_hub_url
+from .export import formats
+from .storage.hubspec import HubDataset, is_hub_url
+from .storage.store import with_env_endpoint
 
 
 def _storage_option(text: str) -> tuple[str, str]:
@@ -34,8 +38,6 @@ def _storage_options(pairs) -> dict:
     """key=value pairs for fsspec/s3fs; ``endpoint_url`` goes where s3fs expects it, a value that
     starts with ``{`` or ``[`` is JSON. ``AWS_ENDPOINT_URL`` is read here so that remote workers
     get the same endpoint. Every command's options go through this and ``RunOptions``."""
-    from .storage.store import with_env_endpoint
-
     options: dict = {}
     for key, value in pairs or []:
         if key in ("endpoint_url", "region_name"):
@@ -180,8 +182,6 @@ def _add_hub_arguments(p) -> None:
 
 def _hub_dataset(args, *, download_dir: str | None, fetch: str = "auto"):
     """The ``--dataset/--size`` part of the command line, or None when not given."""
-    from .storage.hubspec import HubDataset
-
     if args.dataset is None and args.size is None:
         return None
     if args.size is None:
@@ -198,7 +198,7 @@ def _add_download(sub) -> None:
 
 
 def _run_download(args) -> int:
-    from .storage import hub
+    from .storage import hub  # heavy: huggingface_hub and distributed, for this command only
 
     if args.dataset is None and args.size is None:
         raise UserError("download needs --dataset REPO --size SIZE, e.g. --dataset HuggingFaceFW/fineweb --size 10B")
@@ -209,6 +209,7 @@ def _run_download(args) -> int:
 
 
 def _run_tokenize(args) -> int:
+    # heavy: Dask, pandas and pyarrow, imported once the local workers' forkserver is starting
     from .tokenize.config import Output, TokenizeConfig
     from .tokenize.command import run_tokenize_each
 
@@ -226,7 +227,7 @@ def _run_tokenize(args) -> int:
 
 def _process_started() -> float:
     """When this process began (the summary's overall time counts start-up too)."""
-    import psutil
+    import psutil  # here: ~15 ms of --help otherwise; tokenize has imported it by now (distributed does)
 
     try:
         return psutil.Process().create_time()
@@ -251,7 +252,7 @@ def _add_demo(sub) -> None:
 
 
 def _run_demo(args) -> int:
-    from .demo import build_demo_corpus
+    from .demo import build_demo_corpus  # here: sysconfig and the schema (~3 ms) only this command needs
 
     paths = build_demo_corpus(args.to)
     print(f"demo corpus: {len(paths)} parquet files in {args.to}")
@@ -318,7 +319,7 @@ def _add_train_bpe(sub) -> None:
 
 
 def _run_train_bpe(args) -> int:
-    from .bpe.train import TrainBpeConfig, run_train_bpe
+    from .bpe.train import TrainBpeConfig, run_train_bpe  # heavy: Dask, as tokenize
 
     config = TrainBpeConfig(
         out=args.out, vocab_size=args.vocab_size, specials=tuple(args.special), pattern=args.pattern,
@@ -329,8 +330,6 @@ def _run_train_bpe(args) -> int:
 
 
 def _add_export(sub) -> None:
-    from .export import formats
-
     readers = ", ".join(dict.fromkeys(r.strip() for f in formats.REGISTRY.values() for r in f.reader.split(",")))
     p = sub.add_parser("export", help=f"write a finished run as the files training code reads ({readers})")
     p.add_argument("out", metavar="OUT", nargs="+",
@@ -379,7 +378,7 @@ def _add_export(sub) -> None:
 
 
 def _run_export(args) -> int:
-    from .export import ExportConfig, run_export
+    from .export import ExportConfig, run_export  # heavy: Dask (and for hf://, huggingface_hub), as tokenize
 
     given = {"val_tokens": args.val_tokens} if args.val_tokens is not None else {}  # else ExportConfig's default
     config = ExportConfig(out=args.out[0], mix_with=tuple(args.out[1:]), format=args.format, to=args.to,
@@ -418,7 +417,7 @@ def _add_verify(sub) -> None:
 
 
 def _run_verify(args) -> int:
-    from .verify.command import VerifyConfig, run_verify
+    from .verify.command import VerifyConfig, run_verify  # heavy: Dask, as tokenize
 
     config = VerifyConfig(out=args.out, deep=args.deep, seed=args.seed, download_dir=args.download_dir,
                           encoding=args.encoding, **_run_options(args))
@@ -442,6 +441,7 @@ def _add_inspect(sub) -> None:
 
 
 def _run_inspect(args) -> int:
+    # heavy: Dask (and matplotlib for --plot), as tokenize
     from .inspect.command import InspectConfig, run_inspect
     from .inspect.stats import plot_format, plot_lengths, report_lines
 
@@ -510,10 +510,11 @@ def _prestart_local_workers(args) -> None:
     if args.scheduler:
         return
     if args.cluster:
-        from .cluster.configfile import load_cluster_config
+        from .cluster.configfile import load_cluster_config  # heavy: dask and yaml, for --cluster only
 
         if load_cluster_config(args.cluster, workers=args.workers).kind != "local":
             return
+    # here: what starts the forkserver (multiprocessing, ~10 ms) is no part of --help or a remote run
     from .cluster.prestart import gc_paused, start_forkserver
     from .encoding import prebuilt
     from .tokenize.workers import forkserver_preload
