@@ -298,6 +298,7 @@ def test_targets_assemble_parts_written_out_of_order(where, s3, tmp_path):  # no
     """Three ranges of one file (two of S3's 5 MiB minimum, one short), written last-first."""
     from tokenshards.export.layout import Chunk
     from tokenshards.export.write import S3_MIN_PART, Source, abort_target, commit_target, open_target, write_chunk
+    from tokenshards.storage.location import Location
     from tokenshards.storage.store import filesystem
 
     options = s3.storage_options if where == "s3" else {}
@@ -311,7 +312,7 @@ def test_targets_assemble_parts_written_out_of_order(where, s3, tmp_path):  # no
         chunks.append(Chunk(file="f.bin", number=number, offset=offset, nbytes=len(data),
                             segments=((0, len(data), (("literal", data),)),)))
         offset += len(data)
-    source = Source(out="unused", storage_options={}, dtype="uint16")
+    source = Source(out=Location.at(str(tmp_path / "unused")), dtype="uint16")  # never read: literal chunks
     for c in reversed(chunks):
         _, number, etag = write_chunk(c, target, source=source, parts={}, threshold=None, dest_storage_options=options)
         etags[number] = etag

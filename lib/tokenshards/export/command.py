@@ -49,9 +49,9 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
             with dest_lease(config, announce=announce) as lease:
                 return run_shuffled_export(config, lease=lease, announce=announce)
         t0 = time.perf_counter()
-        manifest = open_manifest(config.out, config.storage_options).manifest
+        run = open_manifest(config.out, config.storage_options)
         with dest_lease(config, announce=announce) as lease:
-            return _export_owned(config, manifest, lease, t0=t0, announce=announce)
+            return _export_owned(config, run, lease, t0=t0, announce=announce)
 
 
 @contextlib.contextmanager
@@ -113,9 +113,10 @@ def _made_here(config: ExportConfig):
         raise
 
 
-def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,
+def _export_owned(config: ExportConfig, run: v1.FinishedRun, lease: Lease, *, t0: float,
                   announce: Callable[[str], None]) -> ExportSummary:
     """The export, while it holds DEST's lease."""
+    manifest = run.manifest
     dtype = config.fmt.dtype(manifest.encoding.dtype)
     plan = config.plan(manifest, dtype=dtype)
     entries = manifest.by_index()
@@ -126,7 +127,7 @@ def _export_owned(config: ExportConfig, manifest, lease: Lease, *, t0: float,
                         f"{config.out}; pass a smaller --val-tokens (or 0 for no validation set)")
     ordinal = {i.path: n for n, i in enumerate(manifest.input_records)}
     parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
-    source = Source(out=config.out, storage_options=config.storage_options, dtype=manifest.encoding.dtype)
+    source = Source(out=run.location, dtype=manifest.encoding.dtype)
 
     dest_fs, dest_root = filesystem(config.to, config.storage_options)
     kind = target_kind(dest_fs)

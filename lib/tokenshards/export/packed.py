@@ -47,7 +47,7 @@ from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, sequenc
 from .shuffle import Catalog, open_runs
 from ..format.reader import MaskFiles, has_masks
 from .view import gather
-from .write import PartInfo, Source, partition_view, _files
+from .write import PartInfo, Source, partition_view, source_files
 
 SPLITS = ("val", "train")
 ROW_GROUP_TOKENS = 1 << 20
@@ -120,7 +120,7 @@ def pack_part(src: int, k: int, part: PartInfo, following: dict, *, source: Sour
               windows: dict) -> PackedPart:
     """Worker task: one partition's validation and train documents packed (see the module docstring)."""
     parts = {k: part, **{k2: p2 for split in SPLITS for k2, p2 in following.get(split, ())}}
-    files = _files(source, parts)
+    files = source_files(source, parts)
     views = {kk: partition_view(files, kk, parts[kk], threshold) for kk in parts}
     out = {}
     for split in SPLITS:

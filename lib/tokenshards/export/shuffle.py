@@ -41,7 +41,7 @@ from .common import (export_record, finish, paths_used, prepare_dest, split_coun
 from .layout import PIECE_OPS, Chunk, Streams
 from .valsplit import Threshold, id_hashes, is_val
 from .view import DocView, coalesce  # noqa: F401 - coalesce: the shuffle's reads join nearby ranges (view.gather)
-from .write import PartInfo, Source, Target, put_chunk, render, target_kind
+from .write import PartInfo, Source, Target, put_chunk, render, source_files, target_kind
 
 SELECT_BITS = 12
 """The cut of a partial epoch is found in two passes: which of 2**12 key bins, then where in it."""
@@ -89,25 +89,21 @@ class Catalog:
     entries: tuple[tuple[PartitionEntry, ...], ...]
 
     def files(self) -> list[PartitionFiles]:
-        out = []
-        for source, entries in zip(self.sources, self.entries):
-            fs, root = filesystem(source.out, source.storage_options)
-            out.append(PartitionFiles(fs, root, dtype=source.dtype, partitions=list(entries)))
-        return out
+        return [PartitionFiles(source.out, dtype=source.dtype, partitions=list(entries))
+                for source, entries in zip(self.sources, self.entries)]
 
 
 # -- worker side: documents and keys --------------------------------------------------------------
 def _train_docs(src: int, k: int, part: PartInfo, source: Source, val_threshold: Threshold | None):
     """(docs, id hashes, val mask) of one partition, checked against what the client planned."""
-    fs, root = filesystem(source.out, source.storage_options)
-    files = PartitionFiles(fs, root, dtype=source.dtype, partitions={k: part.entry})
+    files = source_files(source, {k: part})
     docs = files.docs(k, columns=("id", "row", "start", "length"))
     hashes = id_hashes(docs.ids.to_pylist())
     val = is_val(hashes=hashes, input_ordinal=part.input_ordinal, rows=docs.rows, threshold=val_threshold)
     got = (int(val.sum()), int(docs.lengths[val].sum()))
     if got != (part.val_docs, part.val_tokens):
         raise UserError(f"{part.entry.docs_file}: {got[0]} validation documents ({got[1]} tokens) now, "
-                        f"{part.val_docs} ({part.val_tokens}) when the export was planned; did {source.out} change? rerun export")
+                        f"{part.val_docs} ({part.val_tokens}) when the export was planned; did {source.out.url} change? rerun export")
     return docs, hashes, val
 
 
@@ -221,7 +217,7 @@ def topup_cutoff(client: Client, parts: list[PartInfo], *, src: int, source: Sou
     """(cut, documents, tokens) of the shortest prefix of run ``src``'s selection order holding
     at least ``need`` train tokens."""
     kw = dict(source=source, val_threshold=val_threshold, seed=seed)
-    what = f"choosing the documents of {source.out}"
+    what = f"choosing the documents of {source.out.url}"
     leaves = runner.submit(client, select_histogram, [src] * len(parts), range(len(parts)), parts, **kw)
     hist = runner.result_of(client, runner.reduce_tree(client, leaves, _sum), also_cancel=leaves, explain=_explain(what))
     cum = np.cumsum(hist[1])
@@ -305,11 +301,11 @@ def open_runs(config) -> list[Run]:
     """Every run of the export; they must agree on what a token is and where eot goes."""
     runs = []
     for i, path in enumerate(config.runs):
-        manifest = open_manifest(path, config.storage_options).manifest
+        location, manifest = open_manifest(path, config.storage_options)
         entries = manifest.by_index()
         ordinal = {x.path: n for n, x in enumerate(manifest.input_records)}
         parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
-        source = Source(out=path, storage_options=config.storage_options, dtype=manifest.encoding.dtype)
+        source = Source(out=location, dtype=manifest.encoding.dtype)
         runs.append(Run(index=i, path=path, manifest=manifest, source=source, parts=parts))
     first = runs[0]
     for run in runs[1:]:

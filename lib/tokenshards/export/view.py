@@ -10,7 +10,6 @@ import numpy as np
 
 from ..errors import UserError
 from ..format.reader import MaskFiles, PartitionFiles
-from ..storage.store import is_local
 
 GAP_BYTES = 1 << 20
 """Reading a gap this small costs less than another request to S3."""
@@ -130,7 +129,7 @@ def gather(files: list[PartitionFiles], src: np.ndarray, part: np.ndarray, a: np
         idx = by_file[g0:g1]
         s, k = int(src[idx[0]]), int(part[idx[0]])
         pf = files[s]
-        gap = (LOCAL_GAP_BYTES if is_local(pf.fs) else GAP_BYTES) // pf.dtype.itemsize
+        gap = (LOCAL_GAP_BYTES if pf.run.is_local else GAP_BYTES) // pf.dtype.itemsize
         starts, ends, group = coalesce(a[idx], b[idx], gap)
         batch.setdefault(s, []).append((idx, group, [(k, int(x), int(y)) for x, y in zip(starts.tolist(), ends.tolist())]))
         held += int((ends - starts).sum()) * pf.dtype.itemsize

@@ -19,7 +19,8 @@ import numpy as np
 from ..errors import UserError
 from ..format.reader import PartitionFiles
 from ..format.v1 import PartitionEntry
-from ..storage.store import (PARTED_MIN_PART, PartedUpload, abort_parts, begin_parts, commit_parts, filesystem, is_local,
+from ..storage.location import Location
+from ..storage.store import (PARTED_MIN_PART, PartedUpload, abort_parts, begin_parts, commit_parts, is_local,
                              parted_part_size, parted_store, put_part, temporary_beside)
 from .layout import Chunk
 from .valsplit import Threshold, candidates, id_hashes, is_val
@@ -30,10 +31,10 @@ S3_MIN_PART = PARTED_MIN_PART["s3"]
 
 @dataclass(frozen=True, kw_only=True)
 class Source:
-    """The tokenized OUT as tasks see it: small, the same for every task."""
+    """The tokenized OUT as tasks see it: small, the same for every task (its location travels
+    as its URL and options, a local one as its absolute path)."""
 
-    out: str
-    storage_options: dict
+    out: Location
     dtype: str
 
 
@@ -58,14 +59,14 @@ class Target:
     upload: PartedUpload | None = None
 
 
-def _files(source: Source, parts: dict[int, PartInfo]) -> PartitionFiles:
-    fs, root = filesystem(source.out, source.storage_options)
-    return PartitionFiles(fs, root, dtype=source.dtype, partitions={k: p.entry for k, p in parts.items()})
+def source_files(source: Source, parts: dict[int, PartInfo]) -> PartitionFiles:
+    """The part files of ``parts`` (by their position in manifest order), and of no other partition."""
+    return PartitionFiles(source.out, dtype=source.dtype, partitions={k: p.entry for k, p in parts.items()})
 
 
 # -- validation candidates ----------------------------------------------------------------------
 def partition_candidates(k: int, part: PartInfo, *, source: Source, val_tokens: int) -> np.ndarray:
-    files = _files(source, {k: part})
+    files = source_files(source, {k: part})
     docs = files.docs(k, columns=("id", "row", "length"))
     return candidates(hashes=id_hashes(docs.ids.to_pylist()), input_ordinal=part.input_ordinal, rows=docs.rows,
                       lengths=docs.lengths, part=k, val_tokens=val_tokens)
@@ -94,7 +95,7 @@ def partition_view(files: PartitionFiles, k: int, part: PartInfo, threshold: Thr
 
 
 def render_chunk(chunk: Chunk, *, source: Source, parts: dict[int, PartInfo], threshold: Threshold | None) -> bytes:
-    files = _files(source, parts)
+    files = source_files(source, parts)
     views: dict[int, dict[str, DocView]] = {}
 
     def view(k: int, split: str) -> DocView:

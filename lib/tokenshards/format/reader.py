@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from . import v1
 from .v1 import Manifest, PartitionEntry
 from ..errors import UserError
-from ..storage.store import is_local, join
+from ..storage.location import Location
 
 
 @dataclass(frozen=True)
@@ -39,14 +39,13 @@ def open_manifest(out: str, storage_options: dict | None = None) -> v1.FinishedR
 class PartitionFiles:
     """Range reads of one output's part files; shared by ``TokenDataset`` and the exporter."""
 
-    def __init__(self, fs, root: str, *, dtype: str, partitions: list[PartitionEntry] | dict[int, PartitionEntry]):
-        """``partitions``: manifest entries indexed by their position in manifest order (a list,
-        or a dict holding only the few a task touches, so tasks stay small)."""
-        self.fs = fs
-        self.root = root
+    def __init__(self, run: Location, *, dtype: str, partitions: list[PartitionEntry] | dict[int, PartitionEntry]):
+        """``run``: the run's folder; ``partitions``: manifest entries indexed by their position in
+        manifest order (a list, or a dict holding only the few a task touches, so tasks stay small)."""
+        self.run = run
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.partitions = partitions
-        self._local = is_local(fs)
+        self._local = run.is_local
         self._maps: dict[int, np.ndarray] = {}
         self._offsets: dict[int, int] = {}
 
@@ -55,14 +54,14 @@ class PartitionFiles:
         return {**self.__dict__, "_maps": {}}
 
     def _tokens_path(self, k: int) -> str:
-        return join(self.root, self.partitions[k].tokens_file)
+        return self.run.join(self.partitions[k].tokens_file)
 
     def docs(self, k: int, columns: tuple[str, ...] = ("id", "row", "start", "length")) -> PartDocs:
         """The docs table of the k-th partition (manifest order), checked against the manifest."""
         entry = self.partitions[k]
-        path = join(self.root, entry.docs_file)
+        path = self.run.join(entry.docs_file)
         try:
-            with self.fs.open(path, "rb") as f:
+            with self.run.fs.open(path, "rb") as f:
                 table = pq.read_table(f, columns=list(columns))
         except (OSError, pa.ArrowException) as e:
             raise UserError(f"{path}: unreadable ({type(e).__name__}: {e}); the output is damaged, rerun tokenize") from e
@@ -85,7 +84,7 @@ class PartitionFiles:
             return np.empty(0, self.dtype)
         offset = self._data_offset(k)
         size = self.dtype.itemsize
-        raw = self.fs.cat_file(self._tokens_path(k), start=offset + lo * size, end=offset + hi * size)
+        raw = self.run.fs.cat_file(self._tokens_path(k), start=offset + lo * size, end=offset + hi * size)
         if len(raw) != (hi - lo) * size:
             raise UserError(f"{self._tokens_path(k)}: short read; the object is smaller than the manifest says")
         return np.frombuffer(raw, self.dtype)
@@ -114,7 +113,7 @@ class PartitionFiles:
                 for fd in fds.values():
                     os.close(fd)
         else:
-            raws = self.fs.cat_ranges(paths, starts, ends) if paths else []
+            raws = self.run.fs.cat_ranges(paths, starts, ends) if paths else []
         out = []
         for raw, path, a, b in zip(raws, paths, starts, ends):
             if isinstance(raw, Exception):
@@ -129,7 +128,7 @@ class PartitionFiles:
         if k not in self._offsets:
             path = self._tokens_path(k)
             try:
-                header = v1.read_npy_header(self.fs.cat_file(path, start=0, end=v1.NPY_HEAD_PROBE))
+                header = v1.read_npy_header(self.run.fs.cat_file(path, start=0, end=v1.NPY_HEAD_PROBE))
             except v1.NpyHeaderError as e:
                 raise UserError(f"{path}: not a .npy file ({e}); the output is damaged") from e
             n = self.partitions[k].tokens
@@ -144,14 +143,14 @@ class MaskFiles(PartitionFiles):
     exactly as its tokens are, so every exporter takes a token range's mask the same way."""
 
     def __init__(self, files: PartitionFiles):
-        super().__init__(files.fs, files.root, dtype="uint8", partitions=files.partitions)
+        super().__init__(files.run, dtype="uint8", partitions=files.partitions)
 
     def _tokens_path(self, k: int) -> str:
         entry = self.partitions[k]
         if not entry.mask_file:
             raise UserError(f"partition {entry.index} ({entry.tokens_file}) has no assistant mask: its run was not "
                             "tokenized with --chat-column; export chat runs and text runs apart")
-        return join(self.root, entry.mask_file)
+        return self.run.join(entry.mask_file)
 
 
 def has_masks(manifest: Manifest) -> bool:
@@ -171,7 +170,7 @@ class TokenDataset:
         self.out = out
         run, self.manifest = open_manifest(out, storage_options)
         parts = self.manifest.by_index()
-        self._files = PartitionFiles(run.fs, run.root, dtype=self.manifest.encoding.dtype, partitions=parts)
+        self._files = PartitionFiles(run, dtype=self.manifest.encoding.dtype, partitions=parts)
         self._doc_bounds = np.concatenate([[0], np.cumsum([p.docs for p in parts], dtype=np.int64)])
         self._token_bounds = np.concatenate([[0], np.cumsum([p.tokens for p in parts], dtype=np.int64)])
         self._docs: dict[int, PartDocs] = {}
