@@ -21,7 +21,9 @@ import tiktoken
 from ..errors import UserError
 
 from .patterns import without_possessive_quantifiers
+from .ranks import dump_ranks
 from .records import TiktokenParams
+from .tojson import kept_tokenizer_json
 from .names import BACKENDS, FAST_BACKENDS  # noqa: F401  (the CLI's choices; re-exported for the kinds)
 DISTRIBUTIONS = {"tiktoken": "tiktoken", "riptoken": "riptoken", "splintr": "splintr-rs", "gigatoken": "gigatoken",
                  "tokenizers": "tokenizers", "sentencepiece": "sentencepiece", "transformers": "transformers"}
@@ -94,7 +96,7 @@ class RiptokenBackend:
     name = "riptoken"
 
     def __init__(self, params: TiktokenParams):
-        import riptoken
+        import riptoken  # optional: tokenshards[fast]
 
         self.core = riptoken.CoreBPE(params.mergeable_ranks, params.special_tokens, params.pat_str)
         self.eot_token = params.special_tokens.get("<|endoftext|>")
@@ -121,9 +123,7 @@ class SplintrBackend:
     name = "splintr"
 
     def __init__(self, params: TiktokenParams):
-        import splintr
-
-        from .ranks import dump_ranks
+        import splintr  # optional: tokenshards[fast]
 
         vocab = dump_ranks(params.mergeable_ranks)  # the .tiktoken format splintr reads
         tokenizer = splintr.Tokenizer.from_bytes(vocab, without_possessive_quantifiers(params.pat_str), {})
@@ -180,12 +180,8 @@ class GigatokenBackend:
         if make is None:
             pretokenizer = GIGATOKEN_PRETOKENIZERS.get(params.pat_str)
             if pretokenizer is not None:
-                from .ranks import dump_ranks
-
                 make = functools.partial(_gigatoken_from_ranks, dump_ranks(params.mergeable_ranks), pretokenizer)
             elif params.pat_str in GIGATOKEN_THROUGH_JSON:
-                from .tojson import kept_tokenizer_json
-
                 # Converted once per machine (~2-4 s for 128k ranks, then kept); a rebuild only parses it again.
                 make = functools.partial(_gigatoken_from_json, kept_tokenizer_json(params.mergeable_ranks, params.pat_str))
             else:
@@ -248,7 +244,7 @@ class GigatokenBackend:
 
 
 def _gigatoken_from_json(text: str):
-    import gigatoken
+    import gigatoken  # optional: tokenshards[fast]
 
     return gigatoken.Tokenizer.from_json(text)
 
@@ -256,7 +252,7 @@ def _gigatoken_from_json(text: str):
 def _gigatoken_from_ranks(vocab: bytes, pretokenizer: str):
     import tempfile
 
-    import gigatoken
+    import gigatoken  # optional: tokenshards[fast]
 
     # from_tiktoken reads a path only; the file lives just long enough to be read.
     with tempfile.NamedTemporaryFile(suffix=".tiktoken") as f:
@@ -283,7 +279,7 @@ would pad too much: they keep the awkward output, whose cost is nothing next to 
 def _awkward_strings(column: pa.Array):
     """An awkward array of strings over an Arrow string/large_string array's own buffers (gigatoken
     reads int64 offsets; an Arrow ``string`` array's int32 ones are widened, one int per row)."""
-    import awkward as ak
+    import awkward as ak  # heavy (~0.2 s), and gigatoken's: only its backend takes awkward strings
 
     if column.null_count:
         raise ValueError("null texts are skipped before encoding, not encoded")

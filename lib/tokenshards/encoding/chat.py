@@ -170,7 +170,7 @@ class ChatTemplate:
     """A tokenizer and its chat template, ready to turn conversations into ids and masks."""
 
     def __init__(self, tokenizer, template: str, *, tool_template: str | None = None):
-        from transformers.utils import chat_template_utils as ctu
+        from transformers.utils import chat_template_utils as ctu  # heavy: transformers, for chat runs only
 
         self.tokenizer = tokenizer
         self.template = template
@@ -315,7 +315,7 @@ def _one_line(e: BaseException) -> str:
 def build(payload: bytes, config: bytes, *, name: str) -> ChatTemplate:
     """The ``ChatTemplate`` of a Hugging Face tokenizer from its files' bytes, loaded as users load
     it (``AutoTokenizer.from_pretrained`` on a folder holding the two files)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy: transformers (~0.5 s), for chat runs only
 
     parsed = json.loads(config) if config else {}
     template = template_of(parsed, name=name)

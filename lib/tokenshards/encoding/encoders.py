@@ -24,6 +24,7 @@ import tiktoken
 
 from ..errors import UserError
 from ..wording import brief
+from .backends import TiktokenBackend, build_backend, choose as choose_backend
 from .boundaries import Boundaries
 from .ranks import dump_ranks, load_trained
 from .records import EncodingSpec, SourceFile, TiktokenParams, cache_root, token_dtype
@@ -136,18 +137,12 @@ class LoadedEncoding:
         return EncodingSpec(name=enc.name, n_vocab=enc.n_vocab, eot=enc.eot_token, dtype=self.dtype)
 
     def choose(self, requested: str):
-        from .backends import choose
-
-        return choose(requested, self.encoding, self.params)
+        return choose_backend(requested, self.encoding, self.params)
 
     def build(self, backend: str, *, verified=None):
-        from .backends import build_backend
-
         return build_backend(backend, self.encoding, self.params, verified=verified)
 
     def reference(self):
-        from .backends import TiktokenBackend
-
         return TiktokenBackend(self.encoding)
 
     @functools.cached_property

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..wording import brief
+from .backends import GigatokenBackend
 from .boundaries import Boundaries
 from .records import SourceFile
 from .library import LibraryTokenizer, flat_ids, read_file, sha256
@@ -36,7 +37,7 @@ class HFTokenizer(LibraryTokenizer):
 
     @functools.cached_property
     def _tokenizer(self):
-        import tokenizers
+        import tokenizers  # heavy: only the tokenizer's own library needs it, not the fast backends
 
         tok = tokenizers.Tokenizer.from_str(self.payload.decode("utf-8"))
         tok.encode_special_tokens = True
@@ -122,13 +123,11 @@ class HFTokenizer(LibraryTokenizer):
         return HFReference(self._tokenizer)
 
     def gigatoken(self):
-        from .backends import GigatokenBackend
-
         return GigatokenBackend(None, make=functools.partial(_gigatoken_from_json, self._json_without_specials))
 
 
 def _gigatoken_from_json(data: str):
-    import gigatoken
+    import gigatoken  # optional: tokenshards[fast]
 
     return gigatoken.Tokenizer.from_json(data)
 

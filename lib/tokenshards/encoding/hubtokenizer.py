@@ -63,8 +63,11 @@ def fetch_tokenizer(spec: str, *, announce: Callable[[str], None] = lambda msg: 
                     cache_dir: str | Path | None = None, retries: int = 5, backoff: float = 1.0) -> HubTokenizer:
     """Download the tokenizer files of ``spec`` (``Org/Name[@REVISION]``, revision ``main`` when
     none) at the commit the revision names now. ``endpoint``/``cache_dir``: None for HF_ENDPOINT /
-    HF_HUB_CACHE (as huggingface_hub read them at import). Any failure is one ``UserError`` line."""
-    from huggingface_hub import constants
+    HF_HUB_CACHE (as huggingface_hub read them at import). Any failure is one ``UserError`` line.
+
+    huggingface_hub is imported inside this module's functions: ``registry`` imports the module for
+    ``is_hub_repo_id``, and a mistyped ``--encoding`` need not wait for it."""
+    from huggingface_hub import constants  # heavy: huggingface_hub, for a repo id only
 
     parsed = _parse(spec)
     if parsed is None:
@@ -104,7 +107,7 @@ def _parse(spec: str) -> tuple[str, str] | None:
 
 def _listing(repo: str, revision: str, *, endpoint: str | None) -> tuple[str, set[str]]:
     """The commit ``revision`` names now, and the paths of the files at that commit."""
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi  # heavy: huggingface_hub, for a repo id only
 
     api = HfApi(endpoint=endpoint)
     info = api.model_info(repo, revision=revision)
@@ -119,7 +122,7 @@ def _listing(repo: str, revision: str, *, endpoint: str | None) -> tuple[str, se
 def _download(repo: str, name: str, sha: str, *, endpoint: str | None, cache_dir: str | None) -> str:
     """One file into huggingface_hub's cache. It retries a failed HEAD itself (5 times, 1-8 s
     apart) before raising; ``_Requests`` retries what still fails, as ``storage.hub`` does."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download  # heavy: huggingface_hub, for a repo id only
 
     from ..storage.hub.fetch import NoBar
 
@@ -141,7 +144,7 @@ def _remember_ref(snapshot: Path, revision: str, sha: str) -> None:
 
 def _from_cache(repo: str, revision: str, *, cache: str | None, announce: Callable[[str], None]) -> HubTokenizer:
     """HF_HUB_OFFLINE=1: the files an earlier fetch of the same revision left in the cache."""
-    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub import constants, hf_hub_download  # heavy: huggingface_hub, for a repo id only
     from huggingface_hub.errors import EntryNotFoundError
 
     paths: dict[str, Path] = {}
@@ -186,7 +189,7 @@ class _Requests:
     backoff: float
 
     def __call__(self, call: Callable[[], T]) -> T:
-        import httpx2
+        import httpx2  # heavy: huggingface_hub, for a repo id only
         from huggingface_hub.errors import (GatedRepoError, OfflineModeIsEnabled, RepositoryNotFoundError,
                                             RevisionNotFoundError)
 
@@ -227,7 +230,7 @@ def _gated(repo: str) -> UserError:
 
 def _http_error(e: BaseException) -> BaseException:
     """The HTTP error itself, where huggingface_hub wrapped it ("cannot find the requested files")."""
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.errors import HfHubHTTPError  # heavy: huggingface_hub, for a repo id only
 
     cause = e.__cause__
     return cause if not isinstance(e, HfHubHTTPError) and isinstance(cause, HfHubHTTPError) else e

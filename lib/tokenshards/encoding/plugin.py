@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from distributed import WorkerPlugin, get_worker
 
 from ..errors import UserError
-from . import prebuilt
+from . import chat, prebuilt
 
 if TYPE_CHECKING:
     import tiktoken
@@ -90,8 +90,6 @@ class WorkerEncoder:
         transformers' tokenizer takes a second or more) and kept for every later task."""
         plugin = _worker_plugin(self.plugin)
         if getattr(plugin, "chat", None) is None:
-            from . import chat
-
             loaded = plugin.loaded
             plugin.chat = chat.build(loaded.payload, loaded.extra, name=loaded.name)
         return plugin.chat

@@ -22,10 +22,11 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
 
+from ..cluster.prestart import ForkserverPreload
+
 if TYPE_CHECKING:  # the client imports this module before anything heavy: keep it light
     import tiktoken
 
-    from ..cluster.prestart import ForkserverPreload
     from .backends import Backend, Choice
 
 ENVIRONMENT = "TOKENSHARDS_PREBUILD"
@@ -73,8 +74,6 @@ _requested_here = False
 def preload(encodings: str | Sequence[str] = (), backend: str | None = None) -> ForkserverPreload:
     """What local workers need to build an encoder: its modules and, given a ``backend``, the
     encoders ``encodings`` names built in the server (``prebuild``) for every worker forked from it."""
-    from ..cluster.prestart import ForkserverPreload
-
     if backend is None:
         return ForkserverPreload(modules=WORKER_MODULES)
     request = Request(encodings=(encodings,) if isinstance(encodings, str) else tuple(encodings), backend=backend)
@@ -116,7 +115,7 @@ def ask(fingerprint: str, requested: str) -> Choice | None:
     if not _requested_here:
         return None
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor  # here: ~10 ms, before the forkserver's start otherwise
 
     context = multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:

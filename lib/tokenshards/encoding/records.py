@@ -73,6 +73,6 @@ class TiktokenParams:
         return found
 
     def encoding(self) -> tiktoken.Encoding:
-        import tiktoken
+        import tiktoken  # here: this module stays a leaf (see its docstring)
 
         return tiktoken.Encoding(**self.kwargs())

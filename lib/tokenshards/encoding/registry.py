@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
-from . import encoders, hf, meta, spmodel
+from . import encoders, hf, hubtokenizer, meta, spmodel
 from .library import read_file
 from .names import FORMS
 
@@ -38,8 +38,6 @@ def load(spec: str, *, announce: Callable[[str], None] = lambda msg: None):
             return _load_folder(path, name=spec, source=os.path.abspath(path))
         if path.is_file():
             return _load_file(path, name=spec, source=os.path.abspath(path))
-    from . import hubtokenizer  # here: huggingface_hub is heavy, and only a repo id needs it
-
     if hubtokenizer.is_hub_repo_id(spec):
         found = hubtokenizer.fetch_tokenizer(spec, announce=announce)
         return _load_folder(found.folder, name=found.repo, source=f"{found.repo}@{found.revision}")

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UserError
+from .backends import GigatokenBackend
 from .boundaries import Boundaries
 from .records import SourceFile
 from .library import LibraryTokenizer, flat_ids, read_file, sha256
@@ -27,7 +28,7 @@ class SentencePieceTokenizer(LibraryTokenizer):
 
     @functools.cached_property
     def _processor(self):
-        import sentencepiece
+        import sentencepiece  # heavy: sentencepiece, for a SentencePiece encoding only
 
         return sentencepiece.SentencePieceProcessor(model_proto=self.payload)
 
@@ -61,7 +62,7 @@ class SentencePieceTokenizer(LibraryTokenizer):
         """Control pieces (never made from text) and user-defined ones (always made from text, which
         gigatoken 0.10 splits differently at a word's start: Mistral v3's ``[REFERENCE_DOC_0]``),
         alone, glued to words and between spaces."""
-        from sentencepiece import sentencepiece_model_pb2
+        from sentencepiece import sentencepiece_model_pb2  # heavy: protobuf's generated module (~25 ms)
 
         model = sentencepiece_model_pb2.ModelProto()
         model.ParseFromString(self.payload)
@@ -76,14 +77,12 @@ class SentencePieceTokenizer(LibraryTokenizer):
     def gigatoken(self):
         """gigatoken, with the documents that hold a user-defined piece's string handed to
         sentencepiece itself (gigatoken 0.10 splits those differently at a word's start)."""
-        from .backends import GigatokenBackend
-
         fast = GigatokenBackend(None, make=functools.partial(_gigatoken_without_controls, self.payload))
         user_defined = self._user_defined()
         return RoutedBackend(fast, self.reference(), user_defined) if user_defined else fast
 
     def _user_defined(self) -> list[str]:
-        from sentencepiece import sentencepiece_model_pb2
+        from sentencepiece import sentencepiece_model_pb2  # heavy: protobuf's generated module (~25 ms)
 
         model = sentencepiece_model_pb2.ModelProto()
         model.ParseFromString(self.payload)
@@ -91,7 +90,7 @@ class SentencePieceTokenizer(LibraryTokenizer):
 
 
 def _gigatoken_without_controls(payload: bytes):
-    import gigatoken
+    import gigatoken  # optional: tokenshards[fast]
     from sentencepiece import sentencepiece_model_pb2
 
     model = sentencepiece_model_pb2.ModelProto()
@@ -150,7 +149,7 @@ class SentencePieceReference:
 
 def is_sentencepiece(data: bytes) -> bool:
     """Whether ``data`` parses as a SentencePiece model (a protobuf, not a text rank file)."""
-    import sentencepiece
+    import sentencepiece  # heavy: sentencepiece, asked only of a file no other kind reads
 
     try:
         sentencepiece.SentencePieceProcessor(model_proto=data)

@@ -81,7 +81,7 @@ def _check_inputs(mergeable_ranks: dict[bytes, int], special_tokens: dict[str, i
 
 def tokenizer_json(mergeable_ranks: dict[bytes, int], pat_str: str, special_tokens: dict[str, int]) -> str:
     """A Hugging Face tokenizer.json (byte-level BPE) whose ids equal tiktoken.Encoding(pat_str, ranks, specials).encode_ordinary for every text, with the special tokens as special added tokens."""
-    try:  # not a dependency of tokenshards itself: only this export needs it
+    try:  # heavy: tokenizers, for train-bpe's .hf/ folder only (bpe.train imports this module)
         from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     except ImportError as e:
         raise UserError(f"a Hugging Face tokenizer.json needs the tokenizers package ({e}): pip install 'tokenizers>=0.20'") from e
