@@ -22,7 +22,8 @@ from ..storage.hubspec import is_hub_url
 from ..storage.lease import Lease
 from ..format import v1
 from ..format.export_record import ORDERED
-from ..storage.store import file_identity, filesystem, is_local, join
+from ..storage.location import Location
+from ..storage.store import file_identity
 from . import valsplit
 from .common import (ExportSummary, check_destination, dest_lease, export_record, finish, paths_used, prepare_dest, split_counts,
                      val_candidates, write_files, written_files)
@@ -40,33 +41,34 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
     """Run the whole export; raises ``UserError`` for anything the user can fix."""
     if is_hub_url(config.to):  # the command line hands these to publish.run_publish, which calls back here
         raise ValueError(f"run_export writes files; a Hub destination ({config.to}) goes through export.publish.run_publish")
-    check_destination(config)
-    with _made_here(config), _runs_kept(config):
+    dest = Location.at(config.to, config.storage_options)
+    check_destination(dest, config)
+    with _made_here(dest), _runs_kept(config, dest):
         if config.rows:  # packed sequences, or hf's parquet rows: written row group by row group
-            with dest_lease(config, announce=announce) as lease:
+            with dest_lease(dest, announce=announce) as lease:
                 return run_packed_export(config, lease=lease, announce=announce)
         if config.shuffled:
-            with dest_lease(config, announce=announce) as lease:
+            with dest_lease(dest, announce=announce) as lease:
                 return run_shuffled_export(config, lease=lease, announce=announce)
         t0 = time.perf_counter()
         run = open_manifest(config.out, config.storage_options)
-        with dest_lease(config, announce=announce) as lease:
+        with dest_lease(dest, announce=announce) as lease:
             return _export_owned(config, run, lease, t0=t0, announce=announce)
 
 
 @contextlib.contextmanager
-def _runs_kept(config: ExportConfig):
+def _runs_kept(config: ExportConfig, dest: Location):
     """An export that fails because a run it reads was replaced meanwhile (``tokenize --overwrite``
     of it: its part files vanish under the workers) says so, rather than that the run is damaged:
     each run's manifest.json, as it was when the export began, is looked at again. One that
     finished meanwhile is refused the same way, its record removed: it may hold both runs' tokens."""
-    before = {run: _manifest_identity(run, config.storage_options) for run in config.runs}
+    before = [(run, _manifest_identity(run)) for run in (Location.at(url, config.storage_options) for url in config.runs)]
 
     def replaced() -> UserError | None:
-        for run, was in before.items():
-            now = _manifest_identity(run, config.storage_options)
+        for run, was in before:
+            now = _manifest_identity(run)
             if was is not None and now != was:
-                return UserError(f"{run} was replaced while it was read (its {v1.MANIFEST} "
+                return UserError(f"{run.url} was replaced while it was read (its {v1.MANIFEST} "
                                  f"{'is gone' if now is None else 'changed'} since this export began: another "
                                  "command, such as tokenize --overwrite, is writing there); export it again once "
                                  "that run has finished")
@@ -81,41 +83,38 @@ def _runs_kept(config: ExportConfig):
         raise
     error = replaced()
     if error is not None:  # read through: some files may be the old run's, some the new one's
-        dest_fs, dest_root = filesystem(config.to, config.storage_options)
         with contextlib.suppress(OSError):  # no record: nothing looks like a finished export
-            dest_fs.rm(join(dest_root, config.fmt.record_name(config.name_prefix)))
+            dest.fs.rm(dest.join(config.fmt.record_name(config.name_prefix)))
         raise error
 
 
-def _manifest_identity(run: str, storage_options: dict | None):
+def _manifest_identity(run: Location):
     """Which manifest.json a run holds now (store.file_identity; an inode too, locally), or None."""
-    fs, root = filesystem(run, storage_options)
-    path = join(root, v1.MANIFEST)
+    path = run.join(v1.MANIFEST)
     try:
-        identity = file_identity(fs, path)
-        return (*identity, ("inode", os.stat(path).st_ino)) if is_local(fs) else identity
+        identity = file_identity(run.fs, path)
+        return (*identity, ("inode", os.stat(path).st_ino)) if run.is_local else identity
     except (OSError, ValueError):
         return None
 
 
 @contextlib.contextmanager
-def _made_here(config: ExportConfig):
+def _made_here(dest: Location):
     """A local DEST this export made is removed again when it fails while DEST is still empty
     (a full disk, a refused run): nothing is left that looks like an export was begun."""
-    dest_fs, dest_root = filesystem(config.to, config.storage_options)
-    made = is_local(dest_fs) and not os.path.lexists(dest_root)
+    made = dest.is_local and not os.path.lexists(dest.root)
     try:
         yield
     except BaseException:
         if made:
             with contextlib.suppress(OSError):
-                os.rmdir(dest_root)  # only if empty
+                os.rmdir(dest.root)  # only if empty
         raise
 
 
 def _export_owned(config: ExportConfig, run: v1.FinishedRun, lease: Lease, *, t0: float,
                   announce: Callable[[str], None]) -> ExportSummary:
-    """The export, while it holds DEST's lease."""
+    """The export, while it holds the lease of DEST (``lease.location``)."""
     manifest = run.manifest
     dtype = config.fmt.dtype(manifest.encoding.dtype)
     plan = config.plan(manifest, dtype=dtype)
@@ -129,11 +128,11 @@ def _export_owned(config: ExportConfig, run: v1.FinishedRun, lease: Lease, *, t0
     parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
     source = Source(out=run.location, dtype=manifest.encoding.dtype)
 
-    dest_fs, dest_root = filesystem(config.to, config.storage_options)
-    kind = target_kind(dest_fs)
-    prepare_dest(dest_fs, dest_root, config)
+    dest = lease.location
+    kind = target_kind(dest.fs)
+    prepare_dest(dest, config)
 
-    with runner.connect_to(config, announce=announce, local_paths=paths_used(config, [(config.out, manifest)])) as client:
+    with runner.connect_to(config, announce=announce, local_paths=paths_used(config, [(run.location, manifest)])) as client:
         threshold = None
         val_docs = np.zeros(len(entries), dtype=np.int64)
         val_tokens = np.zeros(len(entries), dtype=np.int64)
@@ -153,8 +152,7 @@ def _export_owned(config: ExportConfig, run: v1.FinishedRun, lease: Lease, *, t0
                                  [{k: parts[k] for k in sorted(c.partitions())} for c in chunks], source=source,
                                  threshold=threshold, dest_storage_options=config.storage_options)
 
-        write_files(client, files, streams, submit=submit, dest_fs=dest_fs, dest_root=dest_root, kind=kind, config=config,
-                    announce=announce)
+        write_files(client, files, streams, submit=submit, dest=dest, kind=kind, config=config, announce=announce)
 
     record = export_record(config, manifest, kind=ORDERED, dtype=dtype, source=config.out, source_job=manifest.job,
                            val_selection="whole documents with the smallest blake2b-64(id), ties by (input, row), "

@@ -11,6 +11,7 @@ import dataclasses
 import fnmatch
 import os
 import posixpath
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable
@@ -24,7 +25,7 @@ from ..errors import UserError
 from ..format.export_record import ExportFile, ExportRecord, ExportRecordError, SplitCounts
 from ..storage.lease import Lease
 from ..storage.location import WRITE_PROBE_PREFIX, Location
-from ..storage.store import display_url, filesystem, is_local, is_s3, join, write_advice, write_json
+from ..storage.store import is_s3, write_advice
 from ..wording import counted, human
 from . import formats, valsplit
 from .config import ExportConfig
@@ -78,50 +79,49 @@ def split_counts(streams: Streams) -> dict[str, SplitCounts]:
     return {s: SplitCounts(docs=streams.docs(s), tokens=streams.tokens(s)) for s in ("val", "train")}
 
 
-def check_destination(config: ExportConfig) -> None:
+def check_destination(dest: Location, config: ExportConfig) -> None:
     """One line, before anything is read or written: DEST must be a folder (or missing), and not
     a run being exported nor inside one (its files would join the run's, and verify would fail)."""
-    dest_fs, dest_root = filesystem(config.to, config.storage_options)
-    local = is_local(dest_fs)
-    if local and os.path.exists(dest_root) and not os.path.isdir(dest_root):
+    local = dest.is_local
+    if local and os.path.exists(dest.root) and not os.path.isdir(dest.root):
         raise UserError(f"--to {config.to}: is an existing file, not a folder; choose a folder (it is made if missing)")
-    dest = os.path.realpath(dest_root) if local else dest_root.rstrip("/")
+    inside = os.path.realpath(dest.root) if local else dest.root.rstrip("/")
     for run in config.runs:
-        run_fs, run_root = filesystem(run, config.storage_options)
-        if is_local(run_fs) != local:
+        location = Location.at(run, config.storage_options)
+        if location.is_local != local:
             continue
-        source = os.path.realpath(run_root) if local else run_root.rstrip("/")
-        if dest == source or dest.startswith(source + "/"):
-            raise UserError(f"--to {config.to}: is {'the run' if dest == source else 'inside the run'} {run} being "
+        source = os.path.realpath(location.root) if local else location.root.rstrip("/")
+        if inside == source or inside.startswith(source + "/"):
+            raise UserError(f"--to {config.to}: is {'the run' if inside == source else 'inside the run'} {run} being "
                             "exported; its files would mix with the run's: choose a folder outside it")
 
 
-def dest_lease(config: ExportConfig, *, announce: Callable[[str], None]) -> Lease:
+def dest_lease(dest: Location, *, announce: Callable[[str], None]) -> Lease:
     """One live writer per folder, exports and tokenize runs alike: --overwrite never removes a
-    live writer's files (``storage.lease``)."""
-    dest = Location.at(config.to, config.storage_options)
+    live writer's files (``storage.lease``). The lease's ``location`` is DEST from then on."""
     dest.check_bucket(what="export destination")
     return Lease(dest, command="export", announce=announce)
 
 
-def prepare_dest(fs, root: str, config: ExportConfig) -> None:
+def prepare_dest(dest: Location, config: ExportConfig) -> None:
     """Refuse to mix with an earlier export's files (a trainer's glob would read both), unless
     --overwrite, which removes them first; then check DEST is writable."""
+    fs = dest.fs
     patterns = config.fmt.patterns(config.name_prefix) + [config.fmt.record_name(config.name_prefix)]
-    fs.invalidate_cache(root)  # s3fs caches listings per process; workers may have written since
+    fs.invalidate_cache(dest.root)  # s3fs caches listings per process; workers may have written since
     if config.overwrite:  # the record this export replaces may be another format's: its files go too
-        patterns += earlier_format_patterns(fs, root, config)
-    found = sorted({p for pattern in patterns for p in fs.glob(join(root, pattern))})
+        patterns += earlier_format_patterns(dest, config)
+    found = sorted({p for pattern in patterns for p in dest.glob(pattern)})
     if found and not config.overwrite:
         names = ", ".join(posixpath.basename(p) for p in found[:3]) + (" ..." if len(found) > 3 else "")
         raise UserError(f"{config.to} already holds an export ({names}); choose another --to or pass --overwrite to replace it")
-    probe = join(root, f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex}")
+    probe = dest.join(f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex}")
     try:
         for path in found:
             fs.rm(path)
-        _clear_unfinished(fs, root, patterns)
-        Location.at(config.to, config.storage_options).remove_stale_probes()
-        fs.makedirs(root, exist_ok=True)
+        _clear_unfinished(dest, patterns)
+        dest.remove_stale_probes()
+        fs.makedirs(dest.root, exist_ok=True)
         fs.pipe_file(probe, b"ok")
     except Exception as e:
         raise UserError(f"cannot write to {config.to!r}: {type(e).__name__}: {e}; {write_advice(e, '--to')}") from e
@@ -131,15 +131,15 @@ def prepare_dest(fs, root: str, config: ExportConfig) -> None:
                 fs.rm(probe)
 
 
-def earlier_format_patterns(fs, root: str, config: ExportConfig) -> list[str]:
+def earlier_format_patterns(dest: Location, config: ExportConfig) -> list[str]:
     """The file globs of the export whose record this one replaces, when it was of another format
     (an llmc export overwritten by an npy one must not leave its ``.bin`` shards beside the new
     ones). Globs of a known format, under DEST: the record's own file list is never trusted."""
-    path = join(root, config.fmt.record_name(config.name_prefix))
+    path = dest.join(config.fmt.record_name(config.name_prefix))
     try:
-        if is_local(fs) and not os.path.isfile(path):  # missing, or not a regular file: never opened
+        if dest.is_local and not os.path.isfile(path):  # missing, or not a regular file: never opened
             return []
-        earlier = ExportRecord.from_bytes(fs.cat_file(path)).export_format
+        earlier = ExportRecord.from_bytes(dest.fs.cat_file(path)).export_format
     except (OSError, ExportRecordError):
         return []
     if earlier == config.format or earlier not in formats.REGISTRY:
@@ -147,16 +147,18 @@ def earlier_format_patterns(fs, root: str, config: ExportConfig) -> list[str]:
     return formats.get(earlier).patterns(config.name_prefix)
 
 
-def _clear_unfinished(fs, root: str, patterns: list[str]) -> None:
+def _clear_unfinished(dest: Location, patterns: list[str]) -> None:
     """What a killed export of these names left: local ``NAME.<uuid>.tmp`` files, or S3 multipart
     uploads (never visible, but billed until aborted)."""
+    fs, root = dest.fs, dest.root
+
     def ours(path: str) -> bool:
         name = posixpath.relpath(path, root.rstrip("/")) if path.startswith(root.rstrip("/") + "/") else path
         return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(posixpath.basename(path), p) for p in patterns)
 
-    if is_local(fs):
+    if dest.is_local:
         for folder in sorted({posixpath.dirname(p) for p in patterns}):  # a format's files may be in train/, val/
-            for path in fs.glob(join(root, folder, "*.tmp") if folder else join(root, "*.tmp")):
+            for path in dest.glob(folder, "*.tmp") if folder else dest.glob("*.tmp"):
                 if ours(path.rsplit(".", 2)[0]):
                     fs.rm(path)
         return
@@ -182,11 +184,10 @@ def val_candidates(client: Client, parts: list[PartInfo], *, source: Source, val
         f"choosing validation documents failed: {type(e).__name__}: {e}"))
 
 
-def paths_used(config: ExportConfig, runs: list[tuple[str, object]]) -> list[machines.PathUse]:
-    """What the workers must reach: each run read (``(path, manifest)``), DEST written. A local path
-    the workers' machines do not share is refused before any work (``runner.connect_to``)."""
-    reads = [machines.reading_run("RUN", path, manifest.files(filesystem(path, config.storage_options)[1]))
-             for path, manifest in runs]
+def paths_used(config: ExportConfig, runs: list[tuple[Location, object]]) -> list[machines.PathUse]:
+    """What the workers must reach: each run read (``(location, manifest)``), DEST written. A local
+    path the workers' machines do not share is refused before any work (``runner.connect_to``)."""
+    reads = [machines.reading_run("RUN", run.url, manifest.files(run.root)) for run, manifest in runs]
     return [*reads, machines.PathUse(option="--to", url=config.to, writes=True)]
 
 
@@ -206,8 +207,8 @@ def split_validation(client: Client, runs: list, val_split: list[int]) -> list[v
     return thresholds
 
 
-def write_files(client: Client, files, streams: Streams, *, submit: Callable, dest_fs, dest_root: str, kind: str,
-                 config: ExportConfig, announce) -> None:
+def write_files(client: Client, files, streams: Streams, *, submit: Callable, dest: Location, kind: str,
+                config: ExportConfig, announce) -> None:
     """Open every file, write all chunks in parallel (``submit(chunks, targets)`` starts one task
     per chunk that renders and puts it), then commit every file: none appears before all are
     written, so a killed or failed export leaves nothing that looks finished."""
@@ -222,9 +223,9 @@ def write_files(client: Client, files, streams: Streams, *, submit: Callable, de
     announce(f"writing {counted(len(files), 'file')}, {human(total_bytes)}B in {counted(len(chunks), 'chunk')} to {config.to}")
     try:
         for f in files:
-            if "/" in f.name and is_local(dest_fs):  # a format's files may be in folders (train/, val/)
-                dest_fs.makedirs(join(dest_root, posixpath.dirname(f.name)), exist_ok=True)
-            targets[f.name] = open_target(dest_fs, join(dest_root, f.name), f.nbytes)
+            if "/" in f.name and dest.is_local:  # a format's files may be in folders (train/, val/)
+                dest.fs.makedirs(dest.join(posixpath.dirname(f.name)), exist_ok=True)
+            targets[f.name] = open_target(dest.fs, dest.join(f.name), f.nbytes)
         futures = submit(chunks, [targets[c.file] for c in chunks])
         progress = Progress(len(chunks), mode=config.progress, unit="chunks", amount="B")
         for chunk, (name, number, etag) in runner.each_result(
@@ -233,22 +234,20 @@ def write_files(client: Client, files, streams: Streams, *, submit: Callable, de
             etags[name][number] = etag
         for f in files:
             interrupt.check()
-            commit_target(dest_fs, targets.pop(f.name), etags[f.name])
+            commit_target(dest.fs, targets.pop(f.name), etags[f.name])
     except BaseException:
         for target in targets.values():
-            abort_target(dest_fs, target)
+            abort_target(dest.fs, target)
         raise
-    announce(f"wrote {counted(len(files), 'file')} to {display_url(dest_fs, dest_root)}")
+    announce(f"wrote {counted(len(files), 'file')} to {dest.shown()}")
 
 
 def finish(config: ExportConfig, *, record: ExportRecord, files: list[OutFile], streams: Streams, plan: Plan, lease: Lease,
            notes: list[str], t0: float) -> ExportSummary:
-    """Write the record (the last file of an export) and say what was written."""
-    import time
-
-    dest_fs, dest_root = filesystem(config.to, config.storage_options)
+    """Write the record (the last file of an export) in DEST, the folder ``lease`` guards, and say
+    what was written."""
     lease.check()  # an export that stalled past its lease must not write its record over a successor's files
-    write_json(dest_fs, join(dest_root, config.fmt.record_name(config.name_prefix)), record.to_dict())
+    lease.location.write_json(config.fmt.record_name(config.name_prefix), record.to_dict())
     notes = [*notes, *config.fmt.notes(files, plan)]
     if plan.mask and not any(isinstance(r, MaskRun) for f in files for r in f.regions):
         notes.append(f"this chat run's assistant mask has no place in {config.format}: its trainer takes the loss on "

@@ -34,7 +34,7 @@ from ..cluster.progress import Progress
 from ..errors import UserError
 from ..format.export_record import ROWS, ExportFile, ExportSource, Order, PackedRows, SplitCounts
 from ..storage.location import Location
-from ..storage.store import filesystem, is_local, join, temporary_beside, write_atomic, write_json
+from ..storage.store import temporary_beside
 from ..wording import counted
 from . import mix, order
 from .common import ExportSummary, export_record, prepare_dest, paths_used, split_validation
@@ -108,8 +108,7 @@ class ShardTask:
     columns: tuple[str, ...]
     pad_id: int
     dtype: str
-    dest: str
-    storage_options: dict
+    dest: Location
     mask: bool = False
     """A chat run's: ``labels`` are -100 outside the assistant's tokens (hf), and npy gets a mask file."""
     label_mask: bool = False
@@ -170,10 +169,11 @@ def _in_order(blocks: tuple[Block, ...], n_rows: int):
 
 
 @contextlib.contextmanager
-def _output(fs, path: str, written: list):
-    """A file being written: locally ``NAME.<uuid>.tmp`` (renamed by the client), elsewhere an
-    upload committed only when the block ends without error."""
-    if is_local(fs):
+def _output(dest: Location, name: str, written: list):
+    """DEST's file ``name`` being written: locally ``NAME.<uuid>.tmp`` (renamed by the client),
+    elsewhere an upload committed only when the block ends without error."""
+    path = dest.join(name)
+    if dest.is_local:
         tmp = temporary_beside(path)
         try:
             with open(tmp, "wb") as f:
@@ -184,7 +184,7 @@ def _output(fs, path: str, written: list):
             raise
         written.append((path, tmp))
         return
-    f = fs.open(path, "wb", autocommit=False)
+    f = dest.fs.open(path, "wb", autocommit=False)
     try:
         yield f
     except BaseException:
@@ -222,16 +222,9 @@ def write_shard(task: ShardTask, *blocks: Block, catalog: Catalog) -> tuple[list
                 tokens = Masked(tokens, gather(masks, src[p0:p1], part[p0:p1], start[p0:p1], start[p0:p1] + length[p0:p1]))
             yield r0, r1, p0, p1, tokens
 
-    fs, root = filesystem(task.dest, task.storage_options)
     written: list = []
-    if task.fmt == "hf":
-        _write_parquet(fs, join(root, task.name), task, batches(), length, bounds, filled, written)
-    elif task.fmt == "megatron":
-        _write_megatron(fs, root, task, batches(), length, bounds, filled, written)
-    elif task.fmt == "olmo":
-        _write_olmo(fs, root, task, batches(), length, bounds, filled, written)
-    else:
-        _write_npy(fs, root, task, batches(), length, bounds, filled, written)
+    write = {"hf": _write_parquet, "megatron": _write_megatron, "olmo": _write_olmo}.get(task.fmt, _write_npy)
+    write(task.dest, task, batches(), length, bounds, filled, written)
     return written, task.rows, int(filled.sum())
 
 
@@ -286,7 +279,7 @@ def _rows_of(task: ShardTask, r0: int, r1: int, p0: int, length: np.ndarray, bou
     return cols
 
 
-def _write_parquet(fs, path: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
+def _write_parquet(dest: Location, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -296,7 +289,7 @@ def _write_parquet(fs, path: str, task: ShardTask, batches, length, bounds, fill
     def lists(values: np.ndarray, offsets: np.ndarray, kind) -> pa.Array:
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, kind))
 
-    with _output(fs, path, written) as f:
+    with _output(dest, task.name, written) as f:
         with pq.ParquetWriter(f, schema, compression="zstd") as writer:
             for r0, r1, p0, p1, tokens in batches:
                 if packed:
@@ -328,11 +321,11 @@ def npy_names(prefix: str, split: str, index: int, columns: tuple[str, ...]) -> 
     return names
 
 
-def _write_npy(fs, root: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
+def _write_npy(dest: Location, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
     names = npy_names(task.prefix, task.split, task.index, task.columns + (("mask",) if task.mask else ()))
     n, seq_len = task.rows, task.seq_len
     with contextlib.ExitStack() as stack:
-        out = {key: stack.enter_context(_output(fs, join(root, name), written)) for key, name in names.items()}
+        out = {key: stack.enter_context(_output(dest, name, written)) for key, name in names.items()}
         out["input_ids"].write(_npy_header(task.dtype, (n, seq_len)))
         if "position_ids" in out:
             out["position_ids"].write(_npy_header("<i4", (n, seq_len)))
@@ -349,23 +342,23 @@ def _write_npy(fs, root: str, task: ShardTask, batches, length, bounds, filled, 
         out["seq_index"].write(header(dtype="<i8", count=len(bounds)) + bounds.astype("<i8").tobytes())
 
 
-def _write_megatron(fs, root: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
+def _write_megatron(dest: Location, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
     """``NAME.bin``: the rows back to back; ``NAME.idx``: one document of N tokens per row."""
-    with _output(fs, join(root, f"{task.name}.bin"), written) as out:
+    with _output(dest, f"{task.name}.bin", written) as out:
         for r0, r1, p0, p1, tokens in batches:
             out.write(_rows_of(task, r0, r1, p0, length, bounds, filled, tokens)["input_ids"].astype(task.dtype).tobytes())
-    with _output(fs, join(root, f"{task.name}.idx"), written) as out:
+    with _output(dest, f"{task.name}.idx", written) as out:
         for chunk in packed_index(dtype=task.dtype, rows=task.rows, seq_len=task.seq_len):
             out.write(chunk)
 
 
-def _write_olmo(fs, root: str, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
+def _write_olmo(dest: Location, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
     """``SPLIT/PREFIX.npy``: the rows back to back, headerless; ``.csv.gz``: every piece's start,end in
     it; ``SPLIT/label_mask/PREFIX.npy`` when asked: True where the loss is taken."""
     names = packed_names(task.prefix, task.split, label_mask=task.label_mask)
     n_tokens = task.rows * task.seq_len
     with contextlib.ExitStack() as stack:
-        out = {key: stack.enter_context(_output(fs, join(root, name), written)) for key, name in names.items()}
+        out = {key: stack.enter_context(_output(dest, name, written)) for key, name in names.items()}
         for r0, r1, p0, p1, tokens in batches:
             cols = _rows_of(task, r0, r1, p0, length, bounds, filled, tokens)
             out["input_ids"].write(cols["input_ids"].astype(task.dtype).tobytes())
@@ -442,14 +435,14 @@ def run_packed_export(config, *, lease, announce: Callable[[str], None] = print)
         if want and want >= size:
             raise UserError(f"--val-tokens {config.val_tokens:,} asks {want:,} validation tokens of {run.path}, which holds "
                             f"{size:,}; pass a smaller --val-tokens (or 0 for no validation set)")
-    dest_fs, dest_root = filesystem(config.to, config.storage_options)
-    Location.at(config.to, config.storage_options).check_bucket(what="export destination")
-    prepare_dest(dest_fs, dest_root, config)
-    _check_card(dest_fs, dest_root, config)
+    dest = lease.location
+    dest.check_bucket(what="export destination")
+    prepare_dest(dest, config)
+    _check_card(dest, config)
     seed = config.seed or 0
 
     with runner.connect_to(config, announce=announce,
-                           local_paths=paths_used(config, [(r.path, r.manifest) for r in runs])) as client:
+                           local_paths=paths_used(config, [(r.source.out, r.manifest) for r in runs])) as client:
         thresholds = split_validation(client, runs, val_split)
 
         announce(f"packing {counted(sum(len(r.parts) for r in runs), 'partition')} of {counted(len(runs), 'run')}"
@@ -471,14 +464,15 @@ def run_packed_export(config, *, lease, announce: Callable[[str], None] = print)
                            for k, p in enumerate(run.parts)])
         try:
             return _write(client, config, runs, packed, spec=spec, columns=columns, pad_id=pad_id, dtype=dtype, seed=seed,
-                          dest_fs=dest_fs, dest_root=dest_root, lease=lease, t0=t0, announce=announce)
+                          lease=lease, t0=t0, announce=announce)
         finally:
             for futures in packed:
                 runner.drop(futures)
 
 
-def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int, dtype: str, seed: int, dest_fs,
-           dest_root: str, lease, t0: float, announce) -> ExportSummary:
+def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int, dtype: str, seed: int, lease, t0: float,
+           announce) -> ExportSummary:
+    dest = lease.location
     names = [r.path for r in runs]
     mask = has_masks(runs[0].manifest)
     all_futures = [f for fs in packed for f in fs]
@@ -531,8 +525,7 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
                     else _trainer_stem(config.format, config.name_prefix, split) if config.format in PACKED_IN_TRAINER_FILES
                     else f"{config.name_prefix}_{split}_{i:06d}")
             shards.append((ShardTask(fmt=config.format, name=name, prefix=config.name_prefix, index=i, split=split, rows=size, seq_len=spec.seq_len,
-                                     columns=columns, pad_id=pad_id, dtype=dtype, dest=config.to,
-                                     storage_options=config.storage_options, mask=mask,
+                                     columns=columns, pad_id=pad_id, dtype=dtype, dest=dest, mask=mask,
                                      label_mask=_label_mask(config, spec, runs[0].manifest)), lo, lo + size))
             lo += size
 
@@ -561,16 +554,16 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
                                                           explain=_explain(f"writing {config.to}")):
         written.extend(files)
         main = {"hf": task.name, "megatron": f"{task.name}.bin"}.get(task.fmt, f"{task.name}.npy")
-        carried[join(dest_root, main)] = tokens  # side files: none
+        carried[dest.join(main)] = tokens  # side files: none
         got[task.split][0] += rows
         got[task.split][1] += tokens
     for path, tmp in sorted(written):
         if tmp:
             os.replace(tmp, path)
-    rel = sorted((posixpath.relpath(p, dest_root) if is_local(dest_fs) else p[len(dest_root.rstrip("/")) + 1:],
+    rel = sorted((posixpath.relpath(p, dest.root) if dest.is_local else p[len(dest.root.rstrip("/")) + 1:],
                   carried.get(p, 0)) for p, _ in written)
     return _finish(config, runs, per_run, got, rel, spec=spec, columns=columns, dtype=dtype, seed=seed,
-                   dest_fs=dest_fs, dest_root=dest_root, lease=lease, t0=t0, copies=copies)
+                   lease=lease, t0=t0, copies=copies)
 
 
 def _trainer_stem(fmt: str, prefix: str, split: str) -> str:
@@ -586,9 +579,10 @@ def _split_of(name: str, prefix: str) -> str:
     return "train"
 
 
-def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: PackSpec, columns, dtype, seed, dest_fs, dest_root,
-            lease, t0, copies) -> ExportSummary:
-    """The record (and hf's card), then the summary."""
+def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: PackSpec, columns, dtype, seed, lease, t0,
+            copies) -> ExportSummary:
+    """The record (and hf's card) in DEST (``lease.location``), then the summary."""
+    dest = lease.location
     splits = {}
     notes = []
     for i, split in enumerate(SPLITS):
@@ -622,11 +616,11 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
                                    extra=c.extra) for r, c in zip(runs, copies["train"])),
         splits=splits,
         files=[ExportFile(name=name, split=_split_of(name, config.name_prefix), tokens=tokens,
-                          bytes=int(dest_fs.size(join(dest_root, name)))) for name, tokens in files])
+                          bytes=int(dest.fs.size(dest.join(name)))) for name, tokens in files])
     lease.check()
     if config.format == "hf":
-        write_atomic(dest_fs, join(dest_root, "README.md"), hf.local_card(record).encode())
-    write_json(dest_fs, join(dest_root, config.fmt.record_name(config.name_prefix)), record.to_dict())
+        dest.write_atomic("README.md", hf.local_card(record).encode())
+    dest.write_json(config.fmt.record_name(config.name_prefix), record.to_dict())
     return ExportSummary(to=config.to, files=[name for name, _ in files], val_docs=splits["val"].docs,
                          val_tokens=splits["val"].tokens, train_docs=splits["train"].docs,
                          train_tokens=splits["train"].tokens, seconds=time.perf_counter() - t0, notes=tuple(notes))
@@ -665,12 +659,12 @@ def _trainer_notes(config, manifest, *, spec: PackSpec, dtype: str, padded: bool
                              label_mask=_label_mask(config, spec, manifest))
 
 
-def _check_card(fs, root: str, config) -> None:
+def _check_card(dest: Location, config) -> None:
     """An hf export writes DEST/README.md: one that is not an earlier export's is kept unless --overwrite."""
     if config.format != "hf":
         return
-    path = join(root, "README.md")
+    path = dest.join("README.md")
     with contextlib.suppress(OSError, ValueError):
-        if fs.exists(path) and hf.CARD_MARKER.encode() not in fs.cat_file(path) and not config.overwrite:
+        if dest.fs.exists(path) and hf.CARD_MARKER.encode() not in dest.fs.cat_file(path) and not config.overwrite:
             raise UserError(f"{config.to} holds a README.md of its own; an hf export writes its dataset card there: "
                             "choose another --to or pass --overwrite to replace it")

@@ -42,7 +42,7 @@ from ..format.export_record import ExportRecord, ExportRecordError
 from ..format.reader import open_manifest
 from ..storage import hubrepo
 from ..storage.hubrepo import HubDestination
-from ..storage.store import filesystem, is_local
+from ..storage.location import Location
 from ..wording import counted, human
 from . import card as cards
 from . import formats
@@ -78,7 +78,7 @@ class PublishConfig:
         HubDestination.parse(self.export.to)  # validates
         if self.private and not self.create_repo:
             raise UserError("--private applies to the repo --create-repo makes; an existing repo keeps its visibility")
-        if self.staging is not None and not is_local(filesystem(self.staging)[0]):
+        if self.staging is not None and not Location.at(self.staging).is_local:
             raise UserError(f"--staging {self.staging!r} must be a local folder (huggingface_hub uploads from disk)")
         if self.commit_files < 1 or self.retries < 0:
             raise UserError("commit_files must be at least 1, retries at least 0")

@@ -33,7 +33,6 @@ from ..format.reader import PartitionFiles, has_masks, open_manifest
 from ..format.v1 import Manifest, PartitionEntry
 from ..storage.hub.cache import free_bytes
 from ..storage.location import Location
-from ..storage.store import filesystem, is_local
 from ..wording import counted
 from . import mix, order, valsplit
 from .common import (export_record, finish, paths_used, prepare_dest, split_counts, split_validation, write_files,
@@ -322,7 +321,7 @@ def open_runs(config) -> list[Run]:
 
 
 def check_request(runs, shares, names: list[str], *, total: int, val_tokens: int, dtype: str, per_bucket: int,
-                  dest_fs, dest_root: str, to: str) -> None:
+                  dest: Location) -> None:
     """Refuse, in one line and before any ordering, a mixture the client or the disk cannot hold."""
     pieces = sum(len(r.parts) * (s.epochs + (1 if s.remainder else 0)) for r, s in zip(runs, shares))
     if pieces > MAX_PLANNED_PASSES:
@@ -334,18 +333,18 @@ def check_request(runs, shares, names: list[str], *, total: int, val_tokens: int
     if total > MAX_BUCKETS * per_bucket:
         raise UserError(f"--tokens {total:,} is more than one export holds ({MAX_BUCKETS * per_bucket:,} tokens in "
                         f"{MAX_BUCKETS:,} chunks); export fewer tokens at a time")
-    if is_local(dest_fs):
+    if dest.is_local:
         need = (total + val_tokens) * np.dtype(dtype).itemsize
-        free = free_bytes(dest_root)
+        free = free_bytes(dest.root)
         if need + FREE_DISK_KEPT > free:
-            raise UserError(f"not enough disk space for --to {to}: the export needs ~{need / 1e9:,.1f} GB and 1 GB must "
+            raise UserError(f"not enough disk space for --to {dest.url}: the export needs ~{need / 1e9:,.1f} GB and 1 GB must "
                             f"stay free, but only {free / 1e9:,.1f} GB is free; free some space, export elsewhere, or "
                             "ask fewer --tokens")
 
 
 def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = print):
-    """``export --shuffle`` and mixtures of several runs, while holding DEST's ``lease``; see the
-    module docstring."""
+    """``export --shuffle`` and mixtures of several runs, while holding the ``lease`` of DEST (its
+    ``location``); see the module docstring."""
     t0 = time.perf_counter()
     runs = open_runs(config)
     names = [r.path for r in runs]
@@ -360,14 +359,14 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
             raise UserError(f"--val-tokens {config.val_tokens:,} asks {want:,} validation tokens of {run.path}, which holds "
                             f"{size:,}; pass a smaller --val-tokens (or 0 for no validation set)")
 
-    dest_fs, dest_root = filesystem(config.to, config.storage_options)
-    kind = target_kind(dest_fs)
-    Location.at(config.to, config.storage_options).check_bucket(what="export destination")
-    prepare_dest(dest_fs, dest_root, config)
+    dest = lease.location
+    kind = target_kind(dest.fs)
+    dest.check_bucket(what="export destination")
+    prepare_dest(dest, config)
     seed = config.seed or 0
 
     with runner.connect_to(config, announce=announce,
-                           local_paths=paths_used(config, [(r.path, r.manifest) for r in runs])) as client:
+                           local_paths=paths_used(config, [(r.source.out, r.manifest) for r in runs])) as client:
         thresholds = split_validation(client, runs, val_split)
         val = [(sum(p.val_docs for p in r.parts), sum(p.val_tokens for p in r.parts)) for r in runs]
         available = [size - vt for size, (_, vt) in zip(sizes, val)]
@@ -376,8 +375,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
         total = config.tokens if config.tokens is not None else mix.default_total(available, weights)
         shares = mix.shares(available=available, weights=weights, total=total, runs=names)
         check_request(runs, shares, names, total=total, val_tokens=sum(vt for _, vt in val), dtype=dtype,
-                      per_bucket=max(1, config.chunk_bytes // np.dtype(dtype).itemsize), dest_fs=dest_fs,
-                      dest_root=dest_root, to=config.to)
+                      per_bucket=max(1, config.chunk_bytes // np.dtype(dtype).itemsize), dest=dest)
         for name, share in zip(names, shares):
             passes = share.target / share.available
             if passes > 1:
@@ -435,8 +433,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
                 return runner.submit(client, write_shuffled_chunk, chunks, targets, needed, catalog=catalog,
                                      dest_storage_options=config.storage_options)
 
-            write_files(client, files, streams, submit=submit, dest_fs=dest_fs, dest_root=dest_root, kind=kind,
-                         config=config, announce=announce)
+            write_files(client, files, streams, submit=submit, dest=dest, kind=kind, config=config, announce=announce)
         finally:
             # Released, not cancelled: cancelling finished futures that finished tasks consumed trips
             # an assertion in distributed's scheduler (see cluster/runner.result_of).
