@@ -8,7 +8,10 @@ from dataclasses import dataclass
 
 from ..cluster.options import RunOptions
 from ..errors import UserError
+from ..format.reader import has_masks
 from . import formats
+from .formats.hf import OPTIONAL_COLUMNS
+from .pack import MODES
 
 DEFAULT_SHARD_TOKENS = 100_000_000
 """llm.c's and build-nanogpt's FineWeb shard size."""
@@ -90,9 +93,6 @@ class ExportConfig(RunOptions):
         self._check_packing()
 
     def _check_packing(self) -> None:
-        from .formats.hf import OPTIONAL_COLUMNS
-        from .pack import MODES
-
         if self.seq_len is None:
             for flag, given in (("--pack", self.pack is not None), ("--bos-align", self.bos_align),
                                 ("--columns", self.columns is not None)):
@@ -167,8 +167,6 @@ class ExportConfig(RunOptions):
     def plan(self, manifest, *, dtype: str) -> formats.Plan:
         """What the format's files depend on besides the streams (``manifest``: the run's, or the
         first of a mixture's, which agree on the encoding and the eot)."""
-        from ..format.reader import has_masks
-
         enc = manifest.encoding
         return formats.Plan(prefix=self.name_prefix, dtype=dtype, n_vocab=enc.n_vocab, encoding=enc.name, eot=enc.eot,
                             eot_position=manifest.eot_position, shard_tokens=self.shard_size,
