@@ -185,7 +185,7 @@ def _require_backend(kind: str, path: str) -> None:
 def slurm_option_names() -> tuple[str, ...]:
     """What ``SLURMCluster`` accepts, read from dask-jobqueue's own signatures so the list
     follows the installed version (its cluster takes the job's options as ``**kwargs``)."""
-    from dask_jobqueue.core import Job, JobQueueCluster
+    from dask_jobqueue.core import Job, JobQueueCluster  # optional: tokenshards[slurm]
     from dask_jobqueue.slurm import SLURMJob
 
     names = set()

@@ -13,7 +13,7 @@ import socket
 from typing import Callable, Iterator
 
 import dask
-from distributed import Client, LocalCluster, WorkerPlugin
+from distributed import Client, LocalCluster, SSHCluster, WorkerPlugin
 
 from . import interrupt
 from .configfile import ClusterConfig, load_cluster_config
@@ -34,7 +34,7 @@ CLUSTER_DEFAULTS = {
 def slurm_cluster(config: ClusterConfig):
     """A ``SLURMCluster`` (its scheduler runs in this process; no job is submitted until
     ``scale``): ``.job_script()`` shows what ``sbatch`` would get."""
-    from dask_jobqueue import SLURMCluster
+    from dask_jobqueue import SLURMCluster  # optional: tokenshards[slurm]
 
     options = {"silence_logs": "error", **config.settings["options"]}
     try:
@@ -49,7 +49,7 @@ def kubernetes_spec(config: ClusterConfig) -> dict:
     dask-kubernetes 2026.3 still starts pods with ``dask-scheduler`` / ``dask-worker``, commands
     distributed removed in 2026.6; the spec here runs ``dask scheduler`` / ``dask worker``.
     """
-    from dask_kubernetes.operator import make_cluster_spec
+    from dask_kubernetes.operator import make_cluster_spec  # optional: tokenshards[kubernetes]
 
     options = config.settings["options"]
     spec = make_cluster_spec(
@@ -69,7 +69,7 @@ def kubernetes_spec(config: ClusterConfig) -> dict:
 
 
 def kubernetes_cluster(config: ClusterConfig):
-    from dask_kubernetes.operator import KubeCluster
+    from dask_kubernetes.operator import KubeCluster  # optional: tokenshards[kubernetes]
 
     options = config.settings["options"]
     extra = {k: options[k] for k in ("namespace", "resource_timeout", "scheduler_forward_port") if k in options}
@@ -77,8 +77,6 @@ def kubernetes_cluster(config: ClusterConfig):
 
 
 def ssh_cluster(config: ClusterConfig):
-    from distributed import SSHCluster
-
     s = config.settings
     # One thread per worker process: tiktoken holds the GIL while it encodes.
     worker_options = {"nthreads": 1, **s.get("worker_options", {})}

@@ -56,7 +56,7 @@ def start_forkserver(preload: ForkserverPreload = ForkserverPreload()) -> bool:
     start method other than the default spawn (the user chose)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return False
-    import dask
+    import dask  # heavy: the forkserver imports this module first, before it stops the garbage collector
     from multiprocessing import forkserver
 
     _register_distributed_defaults()
@@ -195,7 +195,7 @@ def _register_distributed_defaults() -> None:
     forkserver starts ~0.25 s sooner; distributed registers the same file again when it loads."""
     import importlib.util
 
-    import dask.config
+    import dask.config  # heavy: as in start_forkserver, the only caller
     import yaml
 
     folder = importlib.util.find_spec("distributed").submodule_search_locations[0]

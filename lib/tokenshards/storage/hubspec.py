@@ -59,13 +59,13 @@ class HubDataset:
 
     @property
     def hub_endpoint(self) -> str:
-        from huggingface_hub import constants
+        from huggingface_hub import constants  # heavy: the CLI imports this module at start
 
         return (self.endpoint or constants.ENDPOINT).rstrip("/")
 
     @property
     def hub_cache(self) -> str:
-        from huggingface_hub import constants
+        from huggingface_hub import constants  # heavy: the CLI imports this module at start
 
         return self.cache_dir or constants.HF_HUB_CACHE
 

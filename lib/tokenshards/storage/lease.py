@@ -302,7 +302,7 @@ class _AzureOps:
         return fsspec.asyn.sync(self.fs.loop, run)
 
     def read(self) -> tuple[bytes, str] | None:
-        from azure.core.exceptions import ResourceNotFoundError
+        from azure.core.exceptions import ResourceNotFoundError  # optional: tokenshards[azure]
 
         async def download(client):
             stream = await client.download_blob()
@@ -314,7 +314,7 @@ class _AzureOps:
             return None
 
     def _put(self, data: bytes, **condition) -> str:
-        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError  # optional
 
         try:
             reply = self._call(lambda client: client.upload_blob(data, **condition))
@@ -330,12 +330,12 @@ class _AzureOps:
         return self._put(data, overwrite=False)  # If-None-Match: *
 
     def replace(self, data: bytes, token: str, *, mine: bool) -> str:
-        from azure.core import MatchConditions
+        from azure.core import MatchConditions  # optional: tokenshards[azure]
 
         return self._put(data, overwrite=True, etag=token, match_condition=MatchConditions.IfNotModified)
 
     def delete(self, token: str) -> None:
-        from azure.core import MatchConditions
+        from azure.core import MatchConditions  # optional: tokenshards[azure]
         from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 
         with contextlib.suppress(ResourceNotFoundError, ResourceModifiedError):

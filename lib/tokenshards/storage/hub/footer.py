@@ -6,7 +6,9 @@ from __future__ import annotations
 import io
 
 import httpx2
-from huggingface_hub import constants
+import pyarrow.parquet as pq
+from huggingface_hub import constants, hf_hub_url
+from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 from huggingface_hub.errors import (
     HfHubHTTPError,
     RemoteEntryNotFoundError,
@@ -34,9 +36,6 @@ def downloaded_identity(f: HubFile) -> tuple[tuple[str, object], ...]:
 def read_footer(ds: HubDataset, listing: HubListing, f: HubFile):
     """``f``'s parquet metadata (``pq.FileMetaData``) read with ranged GETs of its resolve URL at
     the pinned commit: one request (two for a footer over ``FOOTER_TAIL``), not the whole file."""
-    import pyarrow.parquet as pq
-    from huggingface_hub import hf_hub_url
-
     url = hf_hub_url(listing.repo, f.path, repo_type="dataset", revision=listing.commit, endpoint=ds.hub_endpoint)
     where = f"{f.path} of {listing.repo}@{listing.commit[:12]} from {ds.hub_endpoint}"
     try:
@@ -54,8 +53,6 @@ def read_footer(ds: HubDataset, listing: HubListing, f: HubFile):
 
 def _get_range(ds: HubDataset, url: str, start: int, stop: int) -> bytes:
     """Bytes [start, stop) of ``url``, with huggingface_hub's headers (HF_TOKEN) and its retries."""
-    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
-
     r = http_backoff("GET", url, headers={"Range": f"bytes={start}-{stop - 1}", **build_hf_headers()},
                      max_retries=ds.retries, base_wait_time=ds.backoff, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT)
     hf_raise_for_status(r)
