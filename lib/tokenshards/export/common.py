@@ -158,7 +158,7 @@ def _clear_unfinished(dest: Location, patterns: list[str]) -> None:
 
     if dest.is_local:
         for folder in sorted({posixpath.dirname(p) for p in patterns}):  # a format's files may be in train/, val/
-            for path in dest.glob(folder, "*.tmp") if folder else dest.glob("*.tmp"):
+            for path in dest.glob(folder, "*.tmp"):  # folder "" is DEST itself
                 if ours(path.rsplit(".", 2)[0]):
                     fs.rm(path)
         return
