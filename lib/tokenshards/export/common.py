@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..format.export_record import ExportFile, ExportRecord, ExportRecordError, SplitCounts
 from ..storage.lease import Lease
 from ..storage.location import WRITE_PROBE_PREFIX, Location
-from ..storage.store import is_s3, write_advice
+from ..storage.store import is_s3, remove_stale_parts, write_advice
 from ..wording import counted, human
 from . import formats, valsplit
 from .config import ExportConfig
@@ -121,6 +121,7 @@ def prepare_dest(dest: Location, config: ExportConfig) -> None:
             fs.rm(path)
         _clear_unfinished(dest, patterns)
         dest.remove_stale_probes()
+        remove_stale_parts(fs, dest.root)  # a killed export's parted uploads: billed, whatever names they had
         fs.makedirs(dest.root, exist_ok=True)
         fs.pipe_file(probe, b"ok")
     except Exception as e:
