@@ -419,7 +419,7 @@ def test_exports_carry_the_mask(chat_run, cluster):
     ids = np.concatenate([d[2] for d in docs]).astype(np.int64)
     mask = np.concatenate([d[3] for d in docs])
     root = chat_run["root"]
-    for fmt in ("hf", "npy", "datatrove"):
+    for fmt in ("hf", "npy", "datatrove", "olmo"):
         assert main(["export", str(chat_run["out"]), "--format", fmt, "--to", str(root / fmt), "--val-tokens", "0",
                      "--scheduler", cluster.scheduler_address, "--progress", "none"]) == 0
     rows = pq.read_table(sorted((root / "hf" / "train").glob("*.parquet"))).to_pylist()
@@ -429,6 +429,8 @@ def test_exports_carry_the_mask(chat_run, cluster):
     assert np.array_equal(np.load(shard), ids) and np.array_equal(np.load(root / "npy" / "mask" / shard.name), mask)
     assert np.array_equal(np.fromfile(root / "datatrove" / "train" / "fineweb.ds.loss", dtype=np.bool_), mask == 1)
     assert np.array_equal(np.fromfile(root / "datatrove" / "train" / "fineweb.ds", dtype="<u4"), ids)
+    assert np.array_equal(np.fromfile(root / "olmo" / "train" / "fineweb.npy", dtype="<u4"), ids)
+    assert np.array_equal(np.fromfile(root / "olmo" / "train" / "label_mask" / "fineweb.npy", dtype=np.bool_), mask == 1)
     # Shuffled, each document keeps its own mask.
     assert main(["export", str(chat_run["out"]), "--format", "datatrove", "--to", str(root / "shuffled"), "--shuffle",
                  "--seed", "3", "--val-tokens", "0", "--scheduler", cluster.scheduler_address, "--progress", "none"]) == 0

@@ -28,7 +28,7 @@ import zlib
 
 import numpy as np
 
-from ..layout import DocRecords, OutFile, Streams, TokenRun
+from ..layout import DocRecords, MaskRun, OutFile, Streams, TokenRun
 from .base import Format, Plan
 
 GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
@@ -121,6 +121,9 @@ class Olmo(Format):
                                  regions=(TokenRun(split, 0, tokens, plan.dtype),)))
             files.append(OutFile(name=f"{split}/{plan.prefix}.csv.gz", split=split, tokens=0,
                                  regions=doc_index_regions(split, docs, tokens)))
+            if plan.mask:  # a chat run's: one bool byte per token, True where the loss is taken (label_mask_paths)
+                files.append(OutFile(name=f"{split}/{LABEL_MASK_FOLDER}/{plan.prefix}.npy", split=split, tokens=0,
+                                     regions=(MaskRun(split, 0, tokens),)))
         return files
 
     def patterns(self, prefix: str) -> list[str]:
@@ -137,6 +140,10 @@ class Olmo(Format):
                          "so its document boundaries (generate_doc_lengths, padded and VSL datasets) are exact only from "
                          "the .csv.gz: pass use_array_if_local=False (remote paths read it anyway), or tokenize with --eot suffix "
                          "(--boundary eos for tokenizers other than tiktoken's)")
+        if any(f"/{LABEL_MASK_FOLDER}/" in f.name for f in files):
+            notes.append(f"{LABEL_MASK_FOLDER}/: the assistant mask of this chat run, one bool byte per token; pass "
+                         f"label_mask_paths=DEST/train/{LABEL_MASK_FOLDER}/*.npy so OLMo-core takes the loss on the "
+                         "assistant's turns only")
         return notes
 
 
