@@ -121,7 +121,7 @@ def prepare_dest(dest: Location, config: ExportConfig) -> None:
             fs.rm(path)
         _clear_unfinished(dest, patterns)
         dest.remove_stale_probes()
-        remove_stale_parts(fs, dest.root)  # a killed export's parted uploads: billed, whatever names they had
+        remove_stale_parts(fs, dest.root)  # GCS: a killed export's part objects, whatever names they were for
         fs.makedirs(dest.root, exist_ok=True)
         fs.pipe_file(probe, b"ok")
     except Exception as e:

@@ -845,12 +845,12 @@ def _gcs_compose(fs, path: str, sources: list[str]) -> None:
 
 
 def remove_stale_parts(fs: fsspec.AbstractFileSystem, prefix: str) -> int:
-    """Client side, holding the lease of the folder ``prefix``: what killed exports' parted uploads
-    left there, never visible as files but billed: S3's unfinished multipart uploads (aborted) and
-    GCS's part objects in ``PARTS_FOLDER``s (removed). Azure lists nothing to remove: uncommitted
-    blocks go when the name is written again, or after a week. Returns how many went."""
-    if is_s3(fs):
-        return abort_stale_uploads(fs, prefix)
+    """Client side, holding the lease of the folder ``prefix``: the GCS part objects killed exports
+    left in ``PARTS_FOLDER``s there, whatever file they were for (hidden, but billed). That folder is
+    ours alone, and the lease keeps every other export out. Not S3's multipart uploads: another
+    tool's may share the prefix, so an export aborts only those of its own names (``export.common``).
+    Azure lists nothing: uncommitted blocks go when the name is written again, or after a week.
+    Returns how many went."""
     if not is_gcs(fs):
         return 0
     with contextlib.suppress(FileNotFoundError):
