@@ -297,12 +297,19 @@ def test_a_worker_without_the_fast_backend_is_a_one_line_error(tmp_path, corpus)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and mallinfo2")
-def test_a_hand_started_worker_keeps_freed_memory_for_reuse(tmp_path, corpus):
+def test_a_hand_started_worker_keeps_freed_memory_for_reuse(tmp_path, corpus, monkeypatch):
     """Dask starts a worker with MALLOC_TRIM_THRESHOLD_=65536, which pins glibc's mmap threshold at
     128 KiB: every array of a partition is mmapped, faulted in and unmapped, task after task. Our
     LocalCluster's workers start with other settings (``prestart.worker_environment``); a worker
     started by hand gets them (``mallopt``) from the plugin a command registers as it connects."""
     from daskprocs import dask_processes
+
+    from tokenshards.cluster.prestart import worker_environment
+
+    # By hand means from a shell: not with the allocator settings an earlier test's local cluster
+    # left in this process's environment (start_forkserver sets them for the server it starts).
+    for name in worker_environment({"MALLOC_TRIM_THRESHOLD_": "65536"}, inherited={}):
+        monkeypatch.delenv(name, raising=False)
 
     def mmapped_bytes_of_a_4mib_array() -> int:
         """On a worker (nested: pickled whole, not by module): what glibc mmaps for a 4 MiB array held."""
