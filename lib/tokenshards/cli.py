@@ -509,6 +509,8 @@ def _prestart_local_workers(args) -> None:
     start its workers' forkserver now, before this process imports the rest (prestart.py)."""
     if args.scheduler:
         return
+    if args.command == "inspect" and not (args.workers or args.cluster):
+        return  # it may well read in this process (inspect.command: small runs); a cluster it starts starts unprimed
     if args.cluster:
         from .cluster.configfile import load_cluster_config  # heavy: dask and yaml, for --cluster only
 
