@@ -209,3 +209,17 @@ def submission_order(pieces: list[Piece]) -> list[Piece]:
     full = sorted((p for p in pieces if p.text_bytes >= small), key=lambda p: (p.input, p.index))
     tail = sorted((p for p in pieces if p.text_bytes < small), key=lambda p: (-p.text_bytes, p.index))
     return full + tail
+
+
+TOOLS_AUTO, TOOLS_NONE, TOOLS_DEFAULT_COLUMN = "auto", "none", "tools"
+"""``--tools-column``: a column named ``tools`` where an input has one (TRL's name), none, or a name."""
+
+
+def tools_to_read(chat_column: str | None, tools_column: str) -> tuple[str, bool] | None:
+    """A chat run's tools column and whether every input must have it (named), or None (no tools
+    read); also what ``verify --deep`` reads again, from the manifest's ``chat`` block."""
+    if chat_column is None or tools_column == TOOLS_NONE:
+        return None
+    if tools_column == TOOLS_AUTO:
+        return None if chat_column == TOOLS_DEFAULT_COLUMN else (TOOLS_DEFAULT_COLUMN, False)
+    return tools_column, True

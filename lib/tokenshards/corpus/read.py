@@ -26,20 +26,6 @@ FRAME_META = pd.DataFrame({
 })
 
 
-TOOLS_AUTO, TOOLS_NONE, TOOLS_DEFAULT_COLUMN = "auto", "none", "tools"
-"""``--tools-column``: a column named ``tools`` where an input has one (TRL's name), none, or a name."""
-
-
-def tools_to_read(chat_column: str | None, tools_column: str) -> tuple[str, bool] | None:
-    """A chat run's tools column and whether every input must have it (named), or None (no tools
-    read); also what ``verify --deep`` reads again, from the manifest's ``chat`` block."""
-    if chat_column is None or tools_column == TOOLS_NONE:
-        return None
-    if tools_column == TOOLS_AUTO:
-        return None if chat_column == TOOLS_DEFAULT_COLUMN else (TOOLS_DEFAULT_COLUMN, False)
-    return tools_column, True
-
-
 def read_piece(piece: Piece, *, text_column: str, storage_options: dict, on_bad_file: str = "fail",
                tools: tuple[str, bool] | None = None) -> pd.DataFrame:
     """The piece's rows as (row, id, text); ids are None when the source has no id column. A chat

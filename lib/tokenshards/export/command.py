@@ -29,8 +29,6 @@ from .common import (ExportSummary, check_destination, dest_lease, export_record
                      val_candidates, write_files, written_files)
 from .config import DEFAULT_CHUNK_BYTES, DEFAULT_SHARD_TOKENS, DEFAULT_VAL_TOKENS, ExportConfig
 from .layout import Chunk, Streams
-from .packed import run_packed_export
-from .shuffle import run_shuffled_export
 from .write import PartInfo, Source, Target, target_kind, write_chunk
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "DEFAULT_SHARD_TOKENS", "DEFAULT_VAL_TOKENS", "ExportConfig", "ExportSummary",
@@ -45,9 +43,13 @@ def run_export(config: ExportConfig, *, announce: Callable[[str], None] = print)
     check_destination(dest, config)
     with _made_here(dest), _runs_kept(config, dest):
         if config.rows:  # packed sequences, or hf's parquet rows: written row group by row group
+            from .packed import run_packed_export  # heavy: ~0.2 s (shuffle and the Hub cache it reads through) a plain export never uses
+
             with dest_lease(dest, announce=announce) as lease:
                 return run_packed_export(config, lease=lease, announce=announce)
         if config.shuffled:
+            from .shuffle import run_shuffled_export  # heavy: ~0.2 s that a plain export (or its errors) never uses
+
             with dest_lease(dest, announce=announce) as lease:
                 return run_shuffled_export(config, lease=lease, announce=announce)
         t0 = time.perf_counter()

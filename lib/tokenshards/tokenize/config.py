@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ..cluster.options import RunOptions
 from ..corpus.plan import check_on_bad_file
-from ..corpus.read import TOOLS_AUTO, tools_to_read
+from ..corpus.plan import TOOLS_AUTO, tools_to_read
 from ..encoding.boundaries import BOUNDARY_CHOICES, EOT_TO_BOUNDARY, Boundaries, resolve
 from ..errors import UserError
 from ..storage.hubspec import HubDataset

@@ -96,7 +96,7 @@ class ChatSettings:
     on_bad_row: str = "fail"
     tools: tuple[str, bool] | None = None
     """The tools column read beside the messages and whether every input must have it
-    (``corpus.read.tools_to_read``), or None."""
+    (``corpus.plan.tools_to_read``), or None."""
 
 
 @dataclass(frozen=True, kw_only=True)

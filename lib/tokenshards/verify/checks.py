@@ -50,7 +50,7 @@ class Expected:
     chat: bool = False
     """A chat run's (``tokenize --chat-column``): --deep renders the rows' conversations again."""
     tools: tuple[str, bool] | None = None
-    """A chat run's tools column, read again with the messages (``corpus.read.tools_to_read``)."""
+    """A chat run's tools column, read again with the messages (``corpus.plan.tools_to_read``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,7 +38,7 @@ from ..corpus.footers import WORKER_FOOTERS
 from ..storage.hubreaders import reading_plugins_for_run
 from ..storage.location import Location
 from ..storage.store import file_identity_like, filesystem, is_local, join, read_json
-from ..corpus.read import tools_to_read
+from ..corpus.plan import tools_to_read
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_mask,
                      check_separators,
                      check_tokens, choose_sample, compare_document, expected_document, parse_tokens_file)
