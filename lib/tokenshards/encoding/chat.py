@@ -101,23 +101,32 @@ def tool_template_of(config: dict) -> str | None:
     return template if isinstance(template, str) and template.strip() else None
 
 
+BLANK_TEXT = object()
+"""What ``_read_text`` gives for empty or blank text: a row with nothing in it."""
+
+
+def _read_text(value, reason: str):
+    """A column value as it is, or its JSON text read (datasets that store lists as text):
+    ``BLANK_TEXT`` for blank text, a ``BadRow(reason)`` for text that is not JSON."""
+    if not isinstance(value, str):
+        return value
+    if not value.strip():
+        return BLANK_TEXT
+    try:
+        return json.loads(value)
+    except ValueError:
+        return BadRow(reason, "text that is not JSON")
+
+
 def tools_of(value) -> list | BadRow | None:
     """A row's tools (``--tools-column``), checked: a list of objects (JSON-schema function
     definitions, as ``apply_chat_template(tools=...)`` takes them), or that list as JSON text, as
     TRL's ``SFTTrainer`` reads it. None (null, empty text, JSON ``null``): the row has no tools and
     renders as without the column. Objects are passed as they are: an Arrow struct column gives
     every field to every object (null where a definition has none), as ``datasets`` gives them."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if not value.strip():
-            return None
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return BadRow("bad_tools", "text that is not JSON")
-        if value is None:
-            return None
+    value = _read_text(value, "bad_tools")
+    if value is None or value is BLANK_TEXT or isinstance(value, BadRow):
+        return None if value is BLANK_TEXT else value
     if not isinstance(value, (list, tuple)):
         return BadRow("bad_tools", f"a {type(value).__name__}, not a list")
     for i, tool in enumerate(value):
@@ -132,13 +141,9 @@ def messages_of(value) -> list[dict] | BadRow | None:
     field in every message). A string is read as JSON (datasets that store messages as text)."""
     if value is None:
         return None
-    if isinstance(value, str):
-        if not value.strip():
-            return None
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return BadRow("not_a_list", "text that is not JSON")
+    value = _read_text(value, "not_a_list")
+    if value is BLANK_TEXT or isinstance(value, BadRow):
+        return None if value is BLANK_TEXT else value
     if not isinstance(value, (list, tuple)):
         return BadRow("not_a_list", f"a {type(value).__name__}")
     if not value:
