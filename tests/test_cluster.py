@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -531,3 +532,22 @@ def test_a_taken_dashboard_port_gives_another_without_a_leaked_socket():
             link = client.dashboard_link
     assert f":{port}/" not in link and link.startswith("http://127.0.0.1:"), link
     assert said[0].startswith(f"dashboard: {link}"), said
+
+
+def test_no_dashboard_starts_none_and_takes_no_fixed_port(tmp_path):
+    """--no-dashboard: the local cluster's scheduler serves no dashboard, and its other routes
+    (health) listen on a free loopback port, never 8787; the first line says the dashboard is off.
+    Refused beside --dashboard-address in one line."""
+    said = []
+    with connect(workers=1, dashboard_address=None, announce=said.append) as client:
+        port = client.cluster.scheduler.http_server.port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as answer:
+            assert answer.read() == b"ok"
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10)
+        assert missing.value.code == 404
+    assert port != 8787
+    assert said[0] == "dashboard: off  (local cluster: 1 process worker)", said
+    proc = subprocess.run([str(Path(sys.executable).with_name("tokenshards")), "verify", str(tmp_path), "--no-dashboard",
+                           "--dashboard-address", ":0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "not allowed with argument --no-dashboard" in proc.stderr.splitlines()[-1], proc.stderr

@@ -73,9 +73,13 @@ def _add_cluster_arguments(p, *, command: str) -> None:
     p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
     p.add_argument("--cluster", metavar="CONFIG.yaml",
                    help="cluster config: cluster_configs/{local,scheduler,slurm,kubernetes,ssh}.yaml or your own")
-    p.add_argument("--dashboard-address", default="127.0.0.1:8787",
-                   help="LocalCluster dashboard address (default 127.0.0.1:8787, this machine only; :PORT is loopback "
-                        "too; 0.0.0.0:8787 opens it to the network, where anyone can see the task stream)")
+    dashboard = p.add_mutually_exclusive_group()
+    dashboard.add_argument("--dashboard-address", default="127.0.0.1:8787",
+                           help="LocalCluster dashboard address (default 127.0.0.1:8787, this machine only; :PORT is "
+                                "loopback too; 0.0.0.0:8787 opens it to the network, where anyone can see the task stream)")
+    dashboard.add_argument("--no-dashboard", action="store_true",
+                           help="start a LocalCluster without its dashboard (a batch run nobody watches: no port "
+                                "taken, and ~0.7 s less CPU at start-up, bokeh's)")
     p.add_argument("--progress", default="auto", choices=["auto", "bar", "log", "none"],
                    help="a live line on a terminal (bar), a line every 10%% (log), or none (default auto: bar on a terminal)")
 
@@ -83,7 +87,7 @@ def _add_cluster_arguments(p, *, command: str) -> None:
 def _run_options(args) -> dict:
     """Storage and cluster settings, as every config that runs Dask work names them."""
     return {"storage_options": _storage_options(args.storage_option), "workers": args.workers,
-            "scheduler": args.scheduler, "cluster_config": args.cluster, "dashboard_address": args.dashboard_address,
+            "scheduler": args.scheduler, "cluster_config": args.cluster, "dashboard_address": None if args.no_dashboard else args.dashboard_address,
             "progress": args.progress}
 
 

@@ -120,7 +120,7 @@ def free_or_any_port(address: str) -> str:
 
 
 @contextlib.contextmanager
-def connect(*, workers: int | None = None, scheduler: str | None = None, dashboard_address: str = "127.0.0.1:8787",
+def connect(*, workers: int | None = None, scheduler: str | None = None, dashboard_address: str | None = "127.0.0.1:8787",
             announce: Callable[[str], None] = print, cluster_config: str | None = None) -> Iterator[Client]:
     """A client on an existing scheduler, on the cluster a config file describes, or on a fresh
     LocalCluster (one thread per process worker: tiktoken holds the GIL on ``encode_ordinary``,
@@ -144,15 +144,21 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
             s = config.settings if config else {}
             n = s.get("workers") or workers or os.cpu_count() or 1
             source = f" ({config.path})" if config else ""
+            address = s.get("dashboard_address", dashboard_address)  # None: no dashboard (--no-dashboard, or null)
+            # Without a dashboard, distributed's scheduler still serves its other routes (health,
+            # metrics), on 8787 unless told: a free loopback port, and bokeh never imported.
+            no_dashboard = address is None
             with interrupt.children_ignore_ctrl_c(), gc_paused():  # bokeh's dashboard, mostly: prestart.gc_paused
                 cluster = LocalCluster(n_workers=n, threads_per_worker=s.get("threads_per_worker", 1), processes=True,
                                        memory_limit=s.get("memory_limit", "auto"),
-                                       dashboard_address=free_or_any_port(loopback_unless_named(s.get("dashboard_address", dashboard_address))),
+                                       dashboard_address="127.0.0.1:0" if no_dashboard else free_or_any_port(loopback_unless_named(address)),
+                                       scheduler_kwargs={"dashboard": False} if no_dashboard else None,
                                        silence_logs=logging.CRITICAL)
             # Its workers are on this machine: results come straight from them, not relayed by
             # the scheduler (which, in this process, would serialize each result once more).
             with cluster, Client(cluster, direct_to_workers=True) as client:
-                announce(f"dashboard: {client.dashboard_link}  (local cluster{source}: {counted(n, 'process worker')})")
+                link = "off" if no_dashboard else client.dashboard_link
+                announce(f"dashboard: {link}  (local cluster{source}: {counted(n, 'process worker')})")
                 if os.environ.get("MALLOC_TRIM_THRESHOLD_") != REUSE_BYTES:  # not forked from our forkserver
                     client.register_plugin(ReuseFreedMemory())
                 yield client

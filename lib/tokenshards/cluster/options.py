@@ -18,8 +18,8 @@ class RunOptions:
     scheduler: str | None = None
     cluster_config: str | None = None
     """A ``cluster_configs/*.yaml``: local, an existing scheduler, SLURM, Kubernetes, SSH."""
-    dashboard_address: str = "127.0.0.1:8787"
-    """Loopback unless a host is named (``connect.loopback_unless_named``)."""
+    dashboard_address: str | None = "127.0.0.1:8787"
+    """Loopback unless a host is named (``connect.loopback_unless_named``); None: no dashboard."""
     progress: str = "auto"
     """How progress shows (``progress.MODES``): a live line on a terminal, a short log, or nothing."""
 
