@@ -126,7 +126,7 @@ def test_rerun_with_other_options_refuses_unless_overwrite(tokenize, good, tmp_p
 def test_cli_one_line_exit_2_no_traceback(good, tmp_path, args, message):
     out = tmp_path / "cli"
     proc = subprocess.run([TOKENSHARDS, "tokenize", "--input", str(good), "--out", str(out), "--workers", "1",
-                           "--dashboard-address", ":0", "--progress", "none", *args],
+                           "--no-dashboard", "--progress", "none", *args],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.startswith("tokenshards: error:")]

@@ -88,14 +88,14 @@ def small_run(tmp_path_factory):
     write_parquet(root / "a.parquet", {"text": [f"document {i}: " + "words and more words " * (5 + i % 40) for i in range(300)]})
     out = root / "out"
     proc = subprocess.run([TOKENSHARDS, "tokenize", "--input", str(root / "a.parquet"), "--out", str(out), "--workers", "1",
-                           "--progress", "none", "--dashboard-address", ":0"], capture_output=True, text=True, timeout=120)
+                           "--progress", "none", "--no-dashboard"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
 
 def _export(run: Path, to: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([TOKENSHARDS, "export", str(run), "--format", "npy", "--to", str(to), "--val-tokens", "100",
-                           "--workers", "1", "--progress", "none", "--dashboard-address", ":0", *args],
+                           "--workers", "1", "--progress", "none", "--no-dashboard", *args],
                           capture_output=True, text=True, timeout=180)
 
 
@@ -160,7 +160,7 @@ def test_npy_export_does_not_speak_of_llmc(small_run, tmp_path):
 def test_a_rerun_with_nothing_to_do_gives_no_rate_and_counts_its_start_up(small_run):
     began = time.monotonic()
     proc = _cli("tokenize", "--input", str(small_run.parent / "a.parquet"), "--out", str(small_run), "--workers", "1",
-                "--progress", "none", "--dashboard-address", ":0")
+                "--progress", "none", "--no-dashboard")
     wall = time.monotonic() - began
     assert proc.returncode == 0, proc.stderr
     line = proc.stdout.splitlines()[1]

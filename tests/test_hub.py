@@ -550,7 +550,7 @@ def test_verify_deep_reads_a_workers_mode_run_from_its_download_folder_not_the_h
     (tmp_path / "dl").rename(tmp_path / "moved")  # where the machines mount it now
     moved = str(tmp_path / "moved")
     proc = subprocess.run([TOKENSHARDS, "verify", str(out), "--deep", "10000", "--download-dir", moved,
-                           "--workers", "1", "--dashboard-address", ":0", "--progress", "none"],
+                           "--workers", "1", "--no-dashboard", "--progress", "none"],
                           env=_env(tmp_path, server), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{report.compared:,} documents re-tokenized: OK" in proc.stdout

@@ -292,13 +292,13 @@ def test_tokenize_with_a_hub_repo_id_through_the_cli(model_root, tmp_path):
     with HubServer(model_root, repo=REPO, repo_type="model", branches=("main", "v2"), gated=True, tokens=TOKENS) as server:
         env["HF_ENDPOINT"] = server.url
         run = subprocess.run([tokenshards, "tokenize", "--input", str(corpus), "--out", str(out), "--encoding",
-                              f"{REPO}@v2", "--workers", "2", "--progress", "none", "--dashboard-address", ":0"],
+                              f"{REPO}@v2", "--workers", "2", "--progress", "none", "--no-dashboard"],
                              env={**base, **env}, capture_output=True, text=True, timeout=240)
         assert run.returncode == 0, run.stdout + run.stderr
         assert TOKEN not in run.stdout + run.stderr
         assert len(server.downloads()) == 2  # tokenizer.json and tokenizer_config.json, by the client alone
         check = subprocess.run([tokenshards, "verify", str(out), "--deep", "20", "--workers", "1", "--progress", "none",
-                                "--dashboard-address", ":0"], env={**base, **env}, capture_output=True, text=True,
+                                "--no-dashboard"], env={**base, **env}, capture_output=True, text=True,
                                timeout=240)
         assert check.returncode == 0 and "re-tokenized: OK" in check.stdout, check.stdout + check.stderr
     manifest = json.loads((out / "manifest.json").read_text())

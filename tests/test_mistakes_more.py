@@ -22,7 +22,7 @@ from conftest import write_parquet
 
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 TIMEOUT = 180
-QUIET = ("--progress", "none", "--dashboard-address", ":0")
+QUIET = ("--progress", "none", "--no-dashboard")
 
 
 def _cli(*argv: str, timeout: int = TIMEOUT, env: dict | None = None, cwd=None) -> tuple[int, str]:
@@ -51,10 +51,10 @@ def corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def small_run(corpus, tmp_path_factory) -> Path:
+def small_run(corpus, tmp_path_factory, cluster) -> Path:
     out = tmp_path_factory.mktemp("more-run") / "out"
-    code, printed = _cli("tokenize", "--input", str(corpus), "--out", str(out), "--workers", "1",
-                         "--partition-mb", "0.02", *QUIET)
+    code, printed = _cli("tokenize", "--input", str(corpus), "--out", str(out), "--scheduler", cluster.scheduler_address,
+                         "--partition-mb", "0.02", "--progress", "none")
     assert code == 0, printed
     return out
 
@@ -63,7 +63,7 @@ def small_run(corpus, tmp_path_factory) -> Path:
 
 def test_the_progress_bar_keeps_its_width(corpus, tmp_path):
     code, printed = _cli("tokenize", "--input", str(corpus), "--out", str(tmp_path / "out"), "--workers", "1",
-                         "--partition-mb", "0.005", "--progress", "bar", "--dashboard-address", ":0",
+                         "--partition-mb", "0.005", "--progress", "bar", "--no-dashboard",
                          env={"COLUMNS": "150"})
     assert code == 0 and "Traceback" not in printed, printed
     frames = [f.removesuffix("\x1b[K") for line in printed.splitlines() if "partitions " in line and "%" in line
@@ -84,12 +84,12 @@ def _tick_labels(svg: str, axis: str) -> list[str]:
     return labels
 
 
-def test_the_plot_counts_whole_documents(tmp_path):
+def test_the_plot_counts_whole_documents(tmp_path, cluster):
     """Five documents, one per length: the y axis says 0 and 1 (and nothing between), not
     0, 0, 0, 1, 1, 1 for ticks at 0.2 steps."""
     write_parquet(tmp_path / "few.parquet", {"text": ["one", "one two three", "a b c d e f g h", "x " * 30, "y " * 90]})
     code, printed = _cli("tokenize", "--input", str(tmp_path / "few.parquet"), "--out", str(tmp_path / "run"),
-                         "--workers", "1", *QUIET)
+                         "--scheduler", cluster.scheduler_address, "--progress", "none")
     assert code == 0, printed
     code, printed = _cli("inspect", str(tmp_path / "run"), "--plot", str(tmp_path / "lengths.svg"))
     assert code == 0 and "Traceback" not in printed, printed
@@ -130,7 +130,7 @@ def _act_when(argv: list[str], seen: str, act, *, timeout: int = TIMEOUT) -> tup
 def test_an_interrupted_export_is_not_told_to_resume(small_run, tmp_path):
     dest = tmp_path / "dest"
     code, printed = _interrupt_when(["export", str(small_run), "--format", "npy", "--to", str(dest), "--val-tokens", "100",
-                                     "--workers", "1", "--progress", "log", "--dashboard-address", ":0"], "dashboard:")
+                                     "--workers", "1", "--progress", "log", "--no-dashboard"], "dashboard:")
     assert code == 130 and "Traceback" not in printed, printed
     said = [line for line in printed.splitlines() if line.startswith("tokenshards: interrupted")]
     assert said == [f"tokenshards: interrupted; an export does not resume: {dest} may hold part of this one (files "
@@ -147,7 +147,7 @@ def test_sigterm_stops_tokenize_cleanly(corpus, tmp_path):
     leaked-semaphore warning from multiprocessing's resource tracker; the run then resumes."""
     out = tmp_path / "out"
     argv = ["tokenize", "--input", str(corpus), "--out", str(out), "--workers", "2", "--partition-mb", "0.005",
-            "--progress", "log", "--dashboard-address", ":0"]
+            "--progress", "log", "--no-dashboard"]
     code, printed = _interrupt_when(argv, " ETA ", signum=signal.SIGTERM)  # the first progress line
     assert code == 143 and "Traceback" not in printed, printed
     assert "leaked semaphore" not in printed and "resource_tracker" not in printed, printed
@@ -171,16 +171,16 @@ FULL_DISK = r'''
 set -u
 mount -t tmpfs -o size=1m tokenshards-full "$DISK"
 dd if=/dev/zero of="$DISK/fill" bs=64k 2>/dev/null
-"$TS" tokenize --input "$IN" --out "$DISK/out" --workers 1 --progress none --dashboard-address :0
+"$TS" tokenize --input "$IN" --out "$DISK/out" --workers 1 --progress none --no-dashboard
 echo "@tokenize $?"
-"$TS" export "$RUN" --format npy --to "$DISK/exp" --val-tokens 100 --workers 1 --progress none --dashboard-address :0
+"$TS" export "$RUN" --format npy --to "$DISK/exp" --val-tokens 100 --workers 1 --progress none --no-dashboard
 echo "@export $?"
 echo "@left $(cd "$DISK" && ls -A | tr '\n' ' ')"
 rm "$DISK/fill"
 mount -o remount,size=64m "$DISK"
 mkdir "$DISK/out"
 touch -d '1 hour ago' "$DISK/out/.tokenshards-write-probe-0123.4567.tmp" "$DISK/out/.tokenshards-write-probe-89ab"
-"$TS" tokenize --input "$IN" --out "$DISK/out" --workers 1 --progress none --dashboard-address :0 >/dev/null
+"$TS" tokenize --input "$IN" --out "$DISK/out" --workers 1 --progress none --no-dashboard >/dev/null
 echo "@again $?"
 echo "@then $(cd "$DISK/out" && ls -A | tr '\n' ' ')"
 '''
@@ -217,16 +217,18 @@ def unreadable(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("case", ["unknown encoding", "unreadable parquet", "missing text column"])
 @pytest.mark.parametrize("folder", ["new", "empty"])
-def test_a_run_that_stops_before_its_first_partition_leaves_nothing(corpus, unreadable, tmp_path, case, folder):
+def test_a_run_that_stops_before_its_first_partition_leaves_nothing(corpus, unreadable, tmp_path, case, folder, cluster):
     """No parts/, no job file, no OUT it made: `verify OUT` finds no run to resume, and the same
-    OUT takes the fixed command at once."""
+    OUT takes the fixed command at once. A new OUT's run has a local cluster of its own to stop;
+    an empty OUT's, and the fixed command, run on the session's cluster."""
+    on_cluster = ("--scheduler", cluster.scheduler_address, "--progress", "none")
     out = tmp_path / "out"
     if folder == "empty":
         out.mkdir()
     argv = {"unknown encoding": ["--input", str(corpus), "--encoding", "nosuch"],
             "unreadable parquet": ["--input", str(unreadable)],
             "missing text column": ["--input", str(corpus), "--text-column", "nosuch"]}[case]
-    code, printed = _cli("tokenize", *argv, "--out", str(out), "--workers", "1", *QUIET)
+    code, printed = _cli("tokenize", *argv, "--out", str(out), *(("--workers", "1", *QUIET) if folder == "new" else on_cluster))
     _one_line(code, printed)
     if folder == "new":
         assert not out.exists(), sorted(p.name for p in out.rglob("*"))
@@ -234,7 +236,7 @@ def test_a_run_that_stops_before_its_first_partition_leaves_nothing(corpus, unre
         assert out.is_dir() and not list(out.iterdir()), sorted(p.name for p in out.rglob("*"))
     line = _one_line(*_cli("verify", str(out), "--scheduler", "tcp://127.0.0.1:9"), "no manifest.json")
     assert "resume" not in line, line
-    code, printed = _cli("tokenize", "--input", str(corpus), "--out", str(out), "--workers", "1", *QUIET)
+    code, printed = _cli("tokenize", "--input", str(corpus), "--out", str(out), *on_cluster)
     assert code == 0, printed
 
 

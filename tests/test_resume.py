@@ -161,7 +161,7 @@ def test_ctrl_c_stops_cleanly_and_leaves_only_committed_or_temporary_files(big_c
 
     out = tmp_path / "out"
     proc = subprocess.Popen([TOKENSHARDS, "tokenize", "--input", str(big_corpus), "--out", str(out), "--workers", "2",
-                             "--partition-mb", str(PARTITION_BYTES / 1e6), "--dashboard-address", ":0", "--progress", "none"],
+                             "--partition-mb", str(PARTITION_BYTES / 1e6), "--no-dashboard", "--progress", "none"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     _wait_for_done(out, 2)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group

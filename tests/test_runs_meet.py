@@ -55,7 +55,7 @@ def _start_tokenize(corpus, out, *, stdout) -> subprocess.Popen:
     """A live `tokenshards tokenize` in its own process: one worker, small partitions, slow backend."""
     return subprocess.Popen([TOKENSHARDS, "tokenize", "--input", str(corpus), "--out", str(out), "--workers", "1",
                              "--backend", "tiktoken", "--partition-mb", str(PARTITION_BYTES / 1e6),
-                             "--progress", "none", "--dashboard-address", ":0"],
+                             "--progress", "none", "--no-dashboard"],
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
@@ -86,7 +86,7 @@ def test_rerun_after_a_crash_takes_over_its_lease(corpus, tmp_path, cluster):
     out = tmp_path / "out"
     crashed = subprocess.Popen([TOKENSHARDS, "tokenize", "--input", str(corpus), "--out", str(out),
                                 "--workers", "1", "--backend", "tiktoken", "--progress", "none",
-                                "--partition-mb", str(PARTITION_BYTES / 1e6), "--dashboard-address", ":0"],
+                                "--partition-mb", str(PARTITION_BYTES / 1e6), "--no-dashboard"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     _wait_for(lambda: any((out / "parts").glob("*.done.json")) if (out / "parts").exists() else False)
     os.killpg(crashed.pid, signal.SIGKILL)  # the client and its workers, no chance to release the lease

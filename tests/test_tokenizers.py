@@ -34,17 +34,21 @@ PARTITION_MB = "0.2"
 """Several partitions (and row groups) per input, so each run plans, spot-checks and commits many."""
 
 # case: (reference key, how --encoding names it, --workers). The big document goes to every case:
-# a run took well under the module's budget with it.
+# a run took well under the module's budget with it. Workers None: the session's cluster
+# (``--scheduler``), whose long-lived workers have built other cases' encoders before; a number:
+# a local cluster of the command's own, whose forkserver prebuilds the encoder (one case per kind
+# of file: a rank file, a tokenizer.json folder, a SentencePiece model; and Gemma 3's, built once
+# there rather than by each of the session's two workers).
 CASES = {
     "llama3": ("llama3", "llama3", 2),
-    "llama4": ("llama4", "llama4", 1),
-    "llama3-path": ("llama3", "family:path", 1),  # Meta's rank file by path, the family giving pattern + specials
-    "qwen3-file": ("hf-qwen3", "file", 1),
+    "llama4": ("llama4", "llama4", None),
+    "llama3-path": ("llama3", "family:path", None),  # Meta's rank file by path, the family giving pattern + specials
+    "qwen3-file": ("hf-qwen3", "file", None),
     "qwen3-folder": ("hf-qwen3", "folder", 1),
-    "llama3_1-file": ("hf-llama3_1", "file", 1),
-    "gemma3-file": ("hf-gemma3", "file", 1),
+    "llama3_1-file": ("hf-llama3_1", "file", None),
+    "gemma3-file": ("hf-gemma3", "file", 1),  # 262k pieces: ~1.1 s of CPU per process that builds it
     "mistral-v1": ("sp-mistral-v1", "file", 1),
-    "mistral-v3": ("sp-mistral-v3", "file", 1),
+    "mistral-v3": ("sp-mistral-v3", "file", None),
 }
 # What the spec says each default is (checked against the references' own derivation too).
 DEFAULTS = {
@@ -178,10 +182,12 @@ def corpus(tmp_path_factory, references) -> dict:
 
 
 # -- running the command line and reading its output back ----------------------------------------
-def tokenize_cli(inputs: list[Path], out: Path, encoding: str, *extra: str, workers: int = 1):
+def tokenize_cli(inputs: list[Path], out: Path, encoding: str, *extra: str, workers: int | None = None,
+                 scheduler: str | None = None):
+    """The command on ``scheduler`` (the session's cluster), or on a local cluster of ``workers``."""
+    where = ["--scheduler", scheduler] if workers is None else ["--workers", str(workers), "--no-dashboard"]
     return subprocess.run([TOKENSHARDS, "tokenize", "--input", *map(str, inputs), "--out", str(out),
-                           "--encoding", encoding, "--workers", str(workers), "--dashboard-address", ":0",
-                           "--progress", "none", "--partition-mb", PARTITION_MB, *extra],
+                           "--encoding", encoding, *where, "--progress", "none", "--partition-mb", PARTITION_MB, *extra],
                           capture_output=True, text=True, timeout=CLI_TIMEOUT)
 
 
@@ -280,7 +286,7 @@ def check_identity(manifest: dict, ref: Reference, given: Path | None, *, folder
 
 
 @pytest.fixture(scope="module")
-def default_runs(tmp_path_factory, corpus, tokenizer_files):
+def default_runs(tmp_path_factory, corpus, tokenizer_files, cluster):
     """Each case's run with the default boundaries, made once (the export test reuses llama3's)."""
     root = tmp_path_factory.mktemp("tokenizers-runs")
     made = {}
@@ -289,7 +295,7 @@ def default_runs(tmp_path_factory, corpus, tokenizer_files):
         if case not in made:
             out = root / case
             proc = tokenize_cli([corpus["main"], corpus["big"]], out, encoding_arg(case, tokenizer_files),
-                                workers=CASES[case][2])
+                                workers=CASES[case][2], scheduler=cluster.scheduler_address)
             made[case] = (out, proc)
         return made[case]
 
@@ -321,7 +327,7 @@ def test_every_document_equals_the_reference(case, default_runs, corpus, judge, 
     ("hf-gemma3", "both"),  # its end-of-text is <eos> (1), though "</s>" is also in its vocabulary (212)
     ("sp-mistral-v3", "eos"),
 ])
-def test_boundary_choices(key, boundary, tmp_path, corpus, judge, tokenizer_files):
+def test_boundary_choices(key, boundary, tmp_path, corpus, judge, tokenizer_files, cluster):
     ref = judge.refs[key]
     expected = {"both": ((ref.bos,), (ref.eos,)), "none": ((), ()), "eos": ((), (ref.eos,))}[boundary]
     literal = {("hf-llama3_1", "both"): ((128000,), (128001,)), ("hf-llama3_1", "eos"): ((), (128001,)),
@@ -329,35 +335,37 @@ def test_boundary_choices(key, boundary, tmp_path, corpus, judge, tokenizer_file
     assert expected == literal.get((key, boundary), expected)
     out = tmp_path / "out"
     small = [corpus["small"]]  # the ids themselves are the default runs' test: here the boundaries
-    proc = tokenize_cli(small, out, str(tokenizer_files[key]), "--boundary", boundary)
+    proc = tokenize_cli(small, out, str(tokenizer_files[key]), "--boundary", boundary, scheduler=cluster.scheduler_address)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = check_output(out, corpus, small, judge, key, *expected)
     check_identity(manifest, ref, tokenizer_files[key])
 
 
 # -- identity -------------------------------------------------------------------------------------
-def test_another_tokenizer_file_at_the_same_path_is_another_run(tmp_path, corpus, judge, tokenizer_files):
+def test_another_tokenizer_file_at_the_same_path_is_another_run(tmp_path, corpus, judge, tokenizer_files, cluster):
     """Same --encoding path, other content (Qwen3's tokenizer.json replaced by Llama 3.1's): refused
-    in one line without --overwrite, OUT untouched; with --overwrite, Llama 3.1's ids."""
+    in one line without --overwrite, OUT untouched; with --overwrite, Llama 3.1's ids. On one
+    long-lived cluster, whose workers built the first file's encoder: their cache is no path's."""
+    on_cluster = {"scheduler": cluster.scheduler_address}
     given = tmp_path / "tok" / "tokenizer.json"
     given.parent.mkdir()
     shutil.copyfile(tokenizer_files["hf-qwen3"], given)
     out = tmp_path / "out"
     small = [corpus["small"]]
-    proc = tokenize_cli(small, out, str(given))
+    proc = tokenize_cli(small, out, str(given), **on_cluster)
     assert proc.returncode == 0, proc.stderr[-3000:]
     check_output(out, corpus, small, judge, "hf-qwen3", (), (151643,))
     before = (out / "manifest.json").read_bytes()
 
     shutil.copyfile(tokenizer_files["hf-llama3_1"], given)
-    proc = tokenize_cli(small, out, str(given))
+    proc = tokenize_cli(small, out, str(given), **on_cluster)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     errors = [line for line in proc.stderr.splitlines() if line.startswith("tokenshards: error:")]
     assert len(errors) == 1 and "already holds a different run" in errors[0] and "--overwrite" in errors[0], proc.stderr
     assert (out / "manifest.json").read_bytes() == before
 
-    proc = tokenize_cli(small, out, str(given), "--overwrite")
+    proc = tokenize_cli(small, out, str(given), "--overwrite", **on_cluster)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = check_output(out, corpus, small, judge, "hf-llama3_1", (128000,), ())
     assert {Path(f["name"]).name: f["sha256"] for f in manifest["encoding"]["files"]}["tokenizer.json"] == \
@@ -365,9 +373,9 @@ def test_another_tokenizer_file_at_the_same_path_is_another_run(tmp_path, corpus
 
 
 # -- exports -------------------------------------------------------------------------------------
-def export_cli(out: Path, to: Path, fmt: str, *extra: str) -> None:
-    proc = subprocess.run([TOKENSHARDS, "export", str(out), "--format", fmt, "--to", str(to), "--workers", "1",
-                           "--dashboard-address", ":0", "--progress", "none", *extra],
+def export_cli(out: Path, to: Path, fmt: str, *extra: str, scheduler: str) -> None:
+    proc = subprocess.run([TOKENSHARDS, "export", str(out), "--format", fmt, "--to", str(to), "--scheduler", scheduler,
+                           "--progress", "none", *extra],
                           capture_output=True, text=True, timeout=CLI_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
@@ -383,7 +391,7 @@ def _cut_at(tokens: np.ndarray, bos: int) -> list[tuple[int, ...]]:
     return [tuple(tokens[a:b].tolist()) for a, b in zip(starts, starts[1:] + [len(tokens)])]
 
 
-def test_llama3_exports_split_documents_at_begin_of_text(default_runs, tmp_path):
+def test_llama3_exports_split_documents_at_begin_of_text(default_runs, tmp_path, cluster):
     """Megatron's .bin/.idx (one sequence per document) and llm.c's llama-3 layout, read back with
     the formats' readers (``test_export.py``): the same documents, each starting with 128000."""
     out, proc = default_runs("llama3")
@@ -392,7 +400,7 @@ def test_llama3_exports_split_documents_at_begin_of_text(default_runs, tmp_path)
     assert all(doc[0] == 128000 and 128000 not in doc[1:] for doc in ours)
     val = "20000"
 
-    export_cli(out, tmp_path / "megatron", "megatron", "--val-tokens", val)
+    export_cli(out, tmp_path / "megatron", "megatron", "--val-tokens", val, scheduler=cluster.scheduler_address)
     code, train = read_megatron(tmp_path / "megatron" / "fineweb_text_document")
     val_code, held = read_megatron(tmp_path / "megatron" / "fineweb_val_text_document")
     assert code == val_code == 4  # int32: 128,256 ids do not fit uint16
@@ -401,7 +409,7 @@ def test_llama3_exports_split_documents_at_begin_of_text(default_runs, tmp_path)
         assert doc[0] == 128000 and 128000 not in doc[1:].tolist()
     assert Counter(tuple(d.tolist()) for d in [*held, *train]) == ours
 
-    export_cli(out, tmp_path / "llmc", "llmc", "--val-tokens", val)
+    export_cli(out, tmp_path / "llmc", "llmc", "--val-tokens", val, scheduler=cluster.scheduler_address)
     shards = sorted((tmp_path / "llmc").glob("fineweb_*.bin"))
     streams = {"val": [], "train": []}
     for shard in shards:
