@@ -64,9 +64,10 @@ def cl100k():
 
 @pytest.fixture(scope="session")
 def cluster():
-    """Two process workers, one thread each, shared by the session (start-up costs ~2 s)."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=logging.CRITICAL) as c:
+    """Two process workers, one thread each, shared by the session (start-up costs ~2 s). No
+    dashboard (bokeh's start-up, in every test process): the tests of one are in test_cluster.py."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                      scheduler_kwargs={"dashboard": False}, silence_logs=logging.CRITICAL) as c:
         yield c
 
 
