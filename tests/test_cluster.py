@@ -545,6 +545,7 @@ def test_no_dashboard_starts_none_and_takes_no_fixed_port(tmp_path):
             assert answer.read() == b"ok"
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10)
+        missing.value.close()  # the error holds the response's socket
         assert missing.value.code == 404
     assert port != 8787
     assert said[0] == "dashboard: off  (local cluster: 1 process worker)", said
