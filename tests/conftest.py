@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+import dask
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -65,9 +66,18 @@ def cl100k():
 @pytest.fixture(scope="session")
 def cluster():
     """Two process workers, one thread each, shared by the session (start-up costs ~2 s). No
-    dashboard (bokeh's start-up, in every test process): the tests of one are in test_cluster.py."""
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                      scheduler_kwargs={"dashboard": False}, silence_logs=logging.CRITICAL) as c:
+    dashboard (bokeh's start-up, in every test process): the tests of one are in test_cluster.py.
+
+    It idles between the tests that use it, for the whole session, in each test process: with
+    Dask's defaults an idle one took ~5 s of CPU a minute here (workers' profilers sampling every
+    10 ms, a 20 ms event-loop tick, a system monitor every 0.5 s, all for a dashboard), ~1.5 s
+    without them. They are not what any test of it checks (test_cluster.py's clusters keep them)."""
+    quiet = {"distributed.admin.tick.interval": "1s", "distributed.admin.system-monitor.interval": "5s",
+             "distributed.worker.profile.enabled": False}
+    with dask.config.set(quiet):  # read as the scheduler and the nannies start: this cluster's only
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
+                               scheduler_kwargs={"dashboard": False}, silence_logs=logging.CRITICAL)
+    with cluster as c:
         yield c
 
 
