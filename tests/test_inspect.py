@@ -195,11 +195,11 @@ def test_each_inputs_footer_is_parsed_once_not_per_partition(run, capsys, monkey
 def small_tasks(monkeypatch):
     """One partition a task and two summaries a tree node: a run of a few partitions then takes
     several tasks and a tree of three levels, as a large run does."""
-    from tokenshards.inspect import command
+    from tokenshards.inspect import oncluster
 
-    monkeypatch.setattr(command, "MIN_BATCH", 1)
-    monkeypatch.setattr(command, "MAX_BATCH", 1)
-    monkeypatch.setattr(command, "FAN_IN", 2)
+    monkeypatch.setattr(oncluster, "MIN_BATCH", 1)
+    monkeypatch.setattr(oncluster, "MAX_BATCH", 1)
+    monkeypatch.setattr(oncluster, "FAN_IN", 2)
 
 
 def test_the_cluster_gives_the_report_and_plot_this_process_gives(run, cluster, small_tasks, tmp_path, capsys,
@@ -237,17 +237,17 @@ def test_on_the_cluster_partial_coverage_and_its_notes_in_the_runs_order(tokeniz
 def test_a_run_past_the_bound_is_read_on_a_cluster_and_a_small_one_here(run, cluster, monkeypatch):
     """No cluster named: a small run is read in this process; a larger one starts one (here, the
     session's stands in for the local cluster it would start) and gets the same numbers."""
-    from tokenshards.inspect import command
+    from tokenshards.inspect import command, oncluster
     from tokenshards.inspect.stats import report_lines
 
     connected = []
-    real = command.runner.connect_to
+    real = oncluster.runner.connect_to
 
     def connect_to(options, **kwargs):
         connected.append(options)
         return real(dataclasses.replace(options, scheduler=cluster.scheduler_address), **kwargs)
 
-    monkeypatch.setattr(command.runner, "connect_to", connect_to)
+    monkeypatch.setattr(oncluster.runner, "connect_to", connect_to)
     config = command.InspectConfig(out=str(run["out"]), progress="none")
     here = report_lines(command.run_inspect(config, announce=lambda m: None))
     assert not connected
@@ -275,7 +275,7 @@ def test_local_inputs_the_workers_machines_do_not_see_are_a_note_not_wrong_count
 
 
 def test_batches_are_a_few_per_worker_thread_within_bounds():
-    from tokenshards.inspect.command import MAX_BATCH, MIN_BATCH, batch_size
+    from tokenshards.inspect.oncluster import MAX_BATCH, MIN_BATCH, batch_size
 
     assert batch_size(16_384, 2) == MAX_BATCH  # a 2-core machine: a few hundred tasks, not 16,384
     assert batch_size(16_384, 1_024) == 4  # hundreds of cores: ~4 tasks a thread

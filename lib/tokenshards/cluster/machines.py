@@ -19,8 +19,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from distributed import wait
-
 from ..errors import UserError
 from ..namespaces import file_view
 
@@ -143,6 +141,8 @@ def check_same_view(client, uses: Iterable[PathUse]) -> None:
 
 def blind_machines(client, uses: Iterable[PathUse]) -> dict[PathUse, list[str]]:
     """Each local path that some worker machines see otherwise than this one → their host names."""
+    import distributed  # here, not above: inspect's stats take is_local_path without Dask's start-up
+
     uses = local_uses(uses)
     if not uses:
         return {}
@@ -168,7 +168,7 @@ def blind_machines(client, uses: Iterable[PathUse]) -> dict[PathUse, list[str]]:
         futures = [client.submit(_look, expected, workers=[m.worker], allow_other_workers=False, pure=False,
                                  key=f"tokenshards-view-probe-{uuid.uuid4().hex}") for m in machines]
         try:
-            wait(futures, timeout=PROBE_TIMEOUT)
+            distributed.wait(futures, timeout=PROBE_TIMEOUT)
             results = client.gather(futures)
         except TimeoutError as e:
             for future in futures:  # released, as runner.drop does (machines is imported by runner)
