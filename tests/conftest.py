@@ -22,6 +22,7 @@ from distributed import LocalCluster
 sys.modules.setdefault("torchvision", None)
 
 from s3server import s3  # noqa: F401  (the S3 fixture, for every test module)
+from tokenshards.cluster.connect import dashboard_arguments
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.tokenize.command import run_tokenize
@@ -75,8 +76,8 @@ def cluster():
     quiet = {"distributed.admin.tick.interval": "1s", "distributed.admin.system-monitor.interval": "5s",
              "distributed.worker.profile.enabled": False}
     with dask.config.set(quiet):  # read as the scheduler and the nannies start: this cluster's only
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                               scheduler_kwargs={"dashboard": False}, silence_logs=logging.CRITICAL)
+        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, silence_logs=logging.CRITICAL,
+                               **dashboard_arguments(None))
     with cluster as c:
         yield c
 

@@ -11,6 +11,7 @@ from distributed import LocalCluster
 from conftest import write_parquet
 from readback import expected_tokens, read_documents
 from test_tokenize_pure import AWKWARD
+from tokenshards.cluster.connect import dashboard_arguments
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.demo import build_demo_corpus
 from tokenshards.tokenize.command import run_tokenize
@@ -115,8 +116,8 @@ def test_same_bytes_for_one_worker_and_eight(corpus, tmp_path, cluster):
     inputs = (str(corpus / "demo" / "*.parquet"), str(corpus / "awkward"))
     outs = []
     # No dashboards: not what this compares (bokeh's start-up, ~0.7 s of CPU per cluster).
-    with LocalCluster(n_workers=8, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
-                      scheduler_kwargs={"dashboard": False}, silence_logs=logging.CRITICAL) as eight:
+    with LocalCluster(n_workers=8, threads_per_worker=1, processes=True, silence_logs=logging.CRITICAL,
+                      **dashboard_arguments(None)) as eight:
         for name, address in (("one", None), ("eight", eight.scheduler_address)):
             config = TokenizeConfig(inputs=inputs, out=str(tmp_path / name), partition_bytes=40_000, progress="none",
                                     workers=1 if address is None else None, scheduler=address, dashboard_address=None)

@@ -87,8 +87,8 @@ def _add_cluster_arguments(p, *, command: str) -> None:
 def _run_options(args) -> dict:
     """Storage and cluster settings, as every config that runs Dask work names them."""
     return {"storage_options": _storage_options(args.storage_option), "workers": args.workers,
-            "scheduler": args.scheduler, "cluster_config": args.cluster, "dashboard_address": None if args.no_dashboard else args.dashboard_address,
-            "progress": args.progress}
+            "scheduler": args.scheduler, "cluster_config": args.cluster,
+            "dashboard_address": None if args.no_dashboard else args.dashboard_address, "progress": args.progress}
 
 
 def _corpus_options(args) -> dict:

@@ -119,6 +119,15 @@ def free_or_any_port(address: str) -> str:
     return address
 
 
+def dashboard_arguments(address: str | None) -> dict:
+    """``LocalCluster``'s arguments for a dashboard at ``address`` (``loopback_unless_named``,
+    ``free_or_any_port``), or for none (None). Without one, distributed's scheduler still serves its
+    other routes (health, metrics), on 8787 unless told: a free loopback port, and bokeh never imported."""
+    if address is None:
+        return {"dashboard_address": "127.0.0.1:0", "scheduler_kwargs": {"dashboard": False}}
+    return {"dashboard_address": free_or_any_port(loopback_unless_named(address))}
+
+
 @contextlib.contextmanager
 def connect(*, workers: int | None = None, scheduler: str | None = None, dashboard_address: str | None = "127.0.0.1:8787",
             announce: Callable[[str], None] = print, cluster_config: str | None = None) -> Iterator[Client]:
@@ -145,19 +154,14 @@ def connect(*, workers: int | None = None, scheduler: str | None = None, dashboa
             n = s.get("workers") or workers or os.cpu_count() or 1
             source = f" ({config.path})" if config else ""
             address = s.get("dashboard_address", dashboard_address)  # None: no dashboard (--no-dashboard, or null)
-            # Without a dashboard, distributed's scheduler still serves its other routes (health,
-            # metrics), on 8787 unless told: a free loopback port, and bokeh never imported.
-            no_dashboard = address is None
             with interrupt.children_ignore_ctrl_c(), gc_paused():  # bokeh's dashboard, mostly: prestart.gc_paused
                 cluster = LocalCluster(n_workers=n, threads_per_worker=s.get("threads_per_worker", 1), processes=True,
-                                       memory_limit=s.get("memory_limit", "auto"),
-                                       dashboard_address="127.0.0.1:0" if no_dashboard else free_or_any_port(loopback_unless_named(address)),
-                                       scheduler_kwargs={"dashboard": False} if no_dashboard else None,
-                                       silence_logs=logging.CRITICAL)
+                                       memory_limit=s.get("memory_limit", "auto"), silence_logs=logging.CRITICAL,
+                                       **dashboard_arguments(address))
             # Its workers are on this machine: results come straight from them, not relayed by
             # the scheduler (which, in this process, would serialize each result once more).
             with cluster, Client(cluster, direct_to_workers=True) as client:
-                link = "off" if no_dashboard else client.dashboard_link
+                link = "off" if address is None else client.dashboard_link
                 announce(f"dashboard: {link}  (local cluster{source}: {counted(n, 'process worker')})")
                 if os.environ.get("MALLOC_TRIM_THRESHOLD_") != REUSE_BYTES:  # not forked from our forkserver
                     client.register_plugin(ReuseFreedMemory())
