@@ -1,4 +1,7 @@
 """The one exception type a user sees: its message is the whole story, printed on one line."""
+from __future__ import annotations
+
+from .wording import scrub
 
 
 class UserError(Exception):
@@ -9,6 +12,11 @@ class UserError(Exception):
     """
 
     exit_code = 2
+
+    def __init__(self, *args: object):
+        # Every message a user sees is worded here: no credential survives into it, whatever the
+        # cause quoted (a URL with a token in its query, a connection string, a key).
+        super().__init__(*(scrub(a) if isinstance(a, str) else a for a in args))
 
 
 class InputError(UserError):
