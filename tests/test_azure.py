@@ -209,8 +209,10 @@ def test_cli_missing_container_is_one_line(azure, corpus, capsys, monkeypatch):
 def test_a_wrong_key_is_one_line(azure, cluster, corpus, capsys, monkeypatch):
     wrong = base64.b64encode(b"wrong-key-" * 6).decode()
     options = {"azure": {"connection_string": azure.connection_string(key=wrong)}}
-    with pytest.raises(UserError, match=rf"^output az://{corpus['container']}/t: the credentials were refused; "
-                                        r"check AZURE_STORAGE_CONNECTION_STRING") as info:
+    with pytest.raises(UserError, match=rf"^output az://{corpus['container']}/t: Azure refused the credentials sent for "
+                                        rf"container '{corpus['container']}' \(403 AuthorizationFailure\): the account "
+                                        r"key of account tokenshards in a connection string; check "
+                                        r"AZURE_STORAGE_CONNECTION_STRING") as info:
         run_tokenize(TokenizeConfig(inputs=(str(corpus["local"] / "*.parquet"),), out=f"az://{corpus['container']}/t",
                                     scheduler=cluster.scheduler_address, progress="none", storage_options=options))
     assert "\n" not in str(info.value) and wrong not in str(info.value)
@@ -218,17 +220,21 @@ def test_a_wrong_key_is_one_line(azure, cluster, corpus, capsys, monkeypatch):
     code = main(["tokenize", "--input", f"az://{corpus['container']}/fineweb/*.parquet", "--out", str(corpus["local"] / "o")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and wrong not in err
-    assert err.startswith(f"tokenshards: error: input az://{corpus['container']}/fineweb/*.parquet: the credentials were refused")
+    assert err.startswith(f"tokenshards: error: input az://{corpus['container']}/fineweb/*.parquet: Azure refused the "
+                          f"credentials sent for container '{corpus['container']}'")
 
 
 def test_a_missing_permission_is_one_line(azure, cluster, corpus):
     """What Azure answers a credential without the right (Azurite signs every account key in full)."""
     container = azure.make_container()
     azure.proxy.fail(lambda r: r.method == "PUT", status=403, times=10**6,
-                     headers={"x-ms-error-code": "AuthorizationPermissionMismatch"},
+                     headers={"x-ms-error-code": "AuthorizationPermissionMismatch", "Content-Type": "application/xml"},
                      body=b"<?xml version=\"1.0\" encoding=\"utf-8\"?><Error><Code>AuthorizationPermissionMismatch</Code>"
                           b"<Message>This request is not authorized to perform this operation using this permission.</Message></Error>")
-    with pytest.raises(UserError, match=rf"^cannot write to output az://{container}/t: access denied; check that the credentials") as info:
+    with pytest.raises(UserError, match=rf"^cannot write to output az://{container}/t: access denied: Azure accepted the "
+                                        rf"credentials sent for container '{container}' \(403 AuthorizationPermissionMismatch\), "
+                                        r"the account key of account tokenshards in a connection string, but they lack a "
+                                        r"permission this needs; check that the credentials") as info:
         run_tokenize(config(azure, cluster, [str(corpus["local"] / "*.parquet")], f"az://{container}/t"))
     assert "\n" not in str(info.value)
 

@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -221,19 +222,34 @@ def test_a_broken_credentials_file_is_one_line(gcs, cluster, corpus, tmp_path):
     assert "\n" not in str(info.value) and "not-a-key" not in str(info.value)
 
 
-@pytest.mark.parametrize("status, message, hint", [
-    (401, "Anonymous caller does not have storage.buckets.get access to the Google Cloud Storage bucket.",
-     "the credentials were refused or none were found"),
-    (403, "sa@p.iam.gserviceaccount.com does not have storage.objects.create access to the Google Cloud Storage object.",
-     "access denied; check that the credentials in use"),
+@pytest.mark.parametrize("token, status, message, hint", [
+    ("anon", 401, "Anonymous caller does not have storage.buckets.get access to the Google Cloud Storage bucket.",
+     r"GCS refused an anonymous request for bucket '{bucket}' \(401\): no credentials \(anonymous"),
+    ("ya29.refused-token-0123456789", 401, "Invalid Credentials",
+     r"GCS refused the credentials sent for bucket '{bucket}' \(401\): an access token given as the token option; "
+     r"check GOOGLE_APPLICATION_CREDENTIALS"),
+    ("ya29.weak-token-0123456789", 403,
+     "sa@p.iam.gserviceaccount.com does not have storage.objects.create access to the Google Cloud Storage object.",
+     r"access denied: GCS accepted the credentials sent for bucket '{bucket}' \(403\), an access token given as the "
+     r"token option, but they lack a permission this needs; check that the credentials in use"),
 ])
-def test_refused_credentials_and_missing_permissions_are_one_line(gcs, cluster, corpus, status, message, hint):
-    """GCS's own answers (the emulator checks nothing): 401 for no or bad credentials, 403 for a missing right."""
+def test_refused_credentials_and_missing_permissions_are_one_line(gcs, cluster, corpus, monkeypatch, token, status,
+                                                                    message, hint):
+    """GCS's own answers (the emulator checks nothing): 401 for no or bad credentials, 403 for a missing
+    right. Said at once (a refusal is never retried), naming the store, the bucket and what was sent."""
+    monkeypatch.setenv("FETCH_RAW_TOKEN_EXPIRY", "false")  # gcsfs would ask Google's tokeninfo first
     bucket = gcs.make_bucket()
     gcs.proxy.fail(lambda r: True, status=status, times=10**6, body={"error": {"code": status, "message": message}})
-    with pytest.raises(UserError, match=rf"^(output|cannot write to output) gs://{bucket}/t: {hint}") as info:
-        run_tokenize(config(gcs, cluster, [str(corpus["local"] / "*.parquet")], f"gs://{bucket}/t"))
+    seen = len(gcs.proxy.log)
+    options = {"gcs": {"endpoint_url": gcs.endpoint_url, "token": token}}
+    started = time.monotonic()
+    with pytest.raises(UserError, match=rf"^(output|cannot write to output) gs://{bucket}/t: {hint.format(bucket=bucket)}") as info:
+        run_tokenize(TokenizeConfig(inputs=(str(corpus["local"] / "*.parquet"),), out=f"gs://{bucket}/t",
+                                    scheduler=cluster.scheduler_address, progress="none", storage_options=options))
+    sent = [(r.method, r.path, sorted(r.query.items())) for r in gcs.proxy.log[seen:]]
+    assert time.monotonic() - started < 5 and len(sent) == len({repr(r) for r in sent})  # no request tried twice
     assert "\n" not in str(info.value) and str(info.value).endswith(f"; endpoint {gcs.endpoint_url})")
+    assert token == "anon" or token not in str(info.value)
 
 
 # -- a worker killed mid-upload ------------------------------------------------------------------

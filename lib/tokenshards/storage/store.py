@@ -45,9 +45,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from ..errors import UserError
+from ..wording import hide
+from . import clients
+from .clients import (AZURE_PROTOCOLS, GCS_PROTOCOLS, S3_PROTOCOLS, is_azure, is_gcs, is_local, is_object_store,  # noqa: F401
+                      is_s3)
+from .failures import _endpoint, _is_auth_failure, _is_denied, _one_line, storage_error, write_advice  # noqa: F401
+from .retry import OPTION as RETRY_OPTION
+from .retry import RetryPolicy
 
 MIB = 2**20
 MULTIPART_THRESHOLD = 8 * MIB
@@ -60,7 +66,13 @@ MAX_PARTS = 10_000
 
 class StorageOptions(dict):
     """fsspec storage options whose repr hides values: a failing task's spec is logged by
-    distributed ("Compute Failed ... Task: ..."), and credentials must never be printed."""
+    distributed ("Compute Failed ... Task: ..."), and credentials must never be printed. Made (or
+    unpickled, on a worker), it tells ``wording.hide`` the credentials it holds, so that no error
+    this process words can quote them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        hide(*secret_values(self))
 
     def __repr__(self) -> str:
         return f"StorageOptions(keys={sorted(self)})"
@@ -71,15 +83,50 @@ class StorageOptions(dict):
         return (StorageOptions, (dict(self),))
 
 
-GCS_PROTOCOLS = ("gs", "gcs")
-AZURE_PROTOCOLS = ("az", "abfs", "abfss")
 SECTIONS = {"gcs": GCS_PROTOCOLS, "azure": AZURE_PROTOCOLS}
 """Storage options meant for one store only: ``{"gcs": {...}, "azure": {...}}``."""
 AZURE_CREDENTIAL_OPTIONS = ("connection_string", "account_name", "account_key", "sas_token", "credential", "anon")
 S3_ONLY_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs", "key", "secret")
 """s3fs's options that mean something else (or nothing) to gcsfs and adlfs: kept from them."""
 
-MAPPING_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs", *SECTIONS)
+SECRET_KEYS = frozenset({
+    "key", "secret", "token", "hf_token", "hugging_face_hub_token", "azure_storage_account_key", "azure_storage_sas_token",
+    "azure_storage_connection_string", "azure_client_secret", "session_token", "aws_access_key_id", "aws_secret_access_key", "aws_session_token",
+    "account_key", "sas_token", "connection_string", "credential", "client_secret", "password", "private_key",
+    "private_key_id", "refresh_token", "access_token"})
+"""Option names (at any depth: ``client_kwargs``, the ``gcs``/``azure`` sections, a service account's
+JSON given as the token) whose values are credentials."""
+
+
+def secret_values(options, *, depth: int = 0) -> list[str]:
+    """Every credential in ``options``: the values of ``SECRET_KEYS``, a connection string's key or SAS,
+    a SAS's signature, and the secret fields of a service-account or authorized-user file named as a token."""
+    found: list[str] = []
+    for name, value in (options.items() if isinstance(options, dict) else ()):
+        if isinstance(value, dict) and depth < 3:
+            found += secret_values(value, depth=depth + 1)
+        elif isinstance(value, str) and name in SECRET_KEYS:
+            if name == "token" and (value in ("anon", "google_default", "cache", "cloud", "browser")
+                                    or os.path.isfile(value)):
+                found += _credential_file_secrets(value)
+                continue
+            found.append(value)
+            found += [part.split("=", 1)[1] for part in value.replace("&", ";").split(";")
+                      if part.split("=", 1)[0].strip().lower() in ("accountkey", "sharedaccesssignature", "sig")]
+    return found
+
+
+def _credential_file_secrets(path: str) -> list[str]:
+    """The secret fields of a credentials file named as a GCS token (its path is no secret)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return [v for k, v in data.items() if k in SECRET_KEYS and isinstance(v, str)] if isinstance(data, dict) else []
+
+
+MAPPING_OPTIONS = ("client_kwargs", "config_kwargs", "s3_additional_kwargs", RETRY_OPTION, *SECTIONS)
 """Options whose value is itself a mapping (on the command line: a JSON object)."""
 
 
@@ -96,7 +143,14 @@ def storage_options(options: dict | None) -> StorageOptions:
             raise UserError(f"--storage-option {key}: expected a JSON object, e.g. {key}={{\"region_name\": \"eu-west-1\"}}, "
                             f"got a {type(options[key]).__name__}; endpoint_url=... and region_name=... may also be given "
                             "on their own")
+    RetryPolicy.of(options)  # its settings checked here, once
     return StorageOptions(options)
+
+
+ENVIRONMENT_SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AZURE_STORAGE_ACCOUNT_KEY",
+                       "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_CLIENT_SECRET", "HF_TOKEN",
+                       "HUGGING_FACE_HUB_TOKEN")
+"""Credentials the libraries we drive read from the environment themselves."""
 
 
 def with_env_endpoint(options: dict, environ) -> StorageOptions:
@@ -112,7 +166,11 @@ def with_env_endpoint(options: dict, environ) -> StorageOptions:
     Azure's credentials from the environment (``AZURE_STORAGE_CONNECTION_STRING``, or
     ``AZURE_STORAGE_ACCOUNT_NAME`` with ``..._ACCOUNT_KEY`` or ``..._SAS_TOKEN``) go in the ``azure``
     section unless it names some: they travel to the workers inside the wrapped options, never printed.
-    (An account name alone, as for an Azure AD identity, is shipped without a secret.)"""
+    (An account name alone, as for an Azure AD identity, is shipped without a secret.)
+
+    The credentials the environment holds (``ENVIRONMENT_SECRETS``) are hidden from every message
+    this process words from here on (``wording.hide``), whether they reach the options or not."""
+    hide(*secret_values({name.lower(): environ.get(name) for name in ENVIRONMENT_SECRETS}))
     options = storage_options(options)
     emulator = environ.get("STORAGE_EMULATOR_HOST")
     gcs = dict(options.get("gcs") or {})
@@ -142,7 +200,9 @@ def with_env_endpoint(options: dict, environ) -> StorageOptions:
 
 
 def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(filesystem, path inside it) for a local path or URL; each process builds its own.
+    """(filesystem, path inside it) for a local path or URL; each process builds its own. S3, GCS and
+    Azure send every request through the one retry policy (``retry``; its settings are the storage
+    options' ``retry`` section), through their classes in ``clients``.
 
     Cached listings are dropped: other processes (workers, an earlier run) write behind this
     instance's back, and resume must see what is really there.
@@ -151,7 +211,9 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.Ab
     options = options_for(protocol, storage_options)
     try:
         if protocol in GCS_PROTOCOLS or protocol in AZURE_PROTOCOLS:
-            fs, path = _cloud_filesystem(url, protocol, options)
+            fs, path = _cloud_filesystem(url, protocol, options, RetryPolicy.of(storage_options))
+        elif protocol in S3_PROTOCOLS:
+            fs, path = clients.s3_filesystem(url, options, RetryPolicy.of(storage_options))
         else:
             fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:
@@ -168,9 +230,11 @@ def filesystem(url: str, storage_options: dict | None = None) -> tuple[fsspec.Ab
 
 
 def options_for(protocol: str, options: dict | None) -> dict:
-    """The options ``protocol``'s filesystem is built with: without the other stores' sections,
-    and for GCS and Azure without s3fs's own keys, their own section laid over the rest."""
+    """The options ``protocol``'s filesystem is built with: without the other stores' sections (nor
+    the retry policy's, which ``filesystem`` reads), and for GCS and Azure without s3fs's own keys,
+    their own section laid over the rest."""
     options = dict(options or {})
+    options.pop(RETRY_OPTION, None)
     sections = {name: options.pop(name, None) or {} for name in SECTIONS}
     for name, protocols in SECTIONS.items():
         if protocol in protocols:
@@ -179,87 +243,24 @@ def options_for(protocol: str, options: dict | None) -> dict:
     return options
 
 
-def _cloud_filesystem(url: str, protocol: str, options: dict):
-    """gcsfs and adlfs load credentials when built (a service-account file, a connection string):
-    what they raise for a broken one (KeyError, ValueError, google.auth's errors) is one line."""
+def _cloud_filesystem(url: str, protocol: str, options: dict, policy: RetryPolicy):
+    """gcsfs and adlfs load credentials when built (a service-account file, a connection string, a
+    raw token's expiry asked of Google): what they raise for a broken one (KeyError, ValueError,
+    google.auth's errors, a tokeninfo request that failed) is one line."""
     gcs = protocol in GCS_PROTOCOLS
     try:
-        return _gcs_filesystem(url, options) if gcs else _azure_filesystem(url, options)
+        return clients.gcs_filesystem(url, options, policy) if gcs else clients.azure_filesystem(url, options, policy)
     except (ImportError, UserError):
         raise
     except Exception as e:
         where = ("GOOGLE_APPLICATION_CREDENTIALS or --storage-option gcs='{\"token\": ...}'" if gcs else
                  "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT_NAME/..._KEY or --storage-option azure='{...}'")
+        if gcs and "tokeninfo" in str(e):
+            # gcsfs asks Google for a raw token's expiry, with the token in the URL (scrubbed here).
+            where += ("; gcsfs asks Google's tokeninfo endpoint for a raw token's expiry: where that endpoint "
+                      "cannot be reached, set FETCH_RAW_TOKEN_EXPIRY=false (on every worker too)")
         raise UserError(f"cannot open {url!r}: its credentials could not be loaded ({type(e).__name__}: {_one_line(e)}); "
                         f"check {where} and the --storage-option keys") from e
-
-
-def _gcs_filesystem(url: str, options: dict):
-    """gcsfs's own class when an endpoint is named (an emulator, a private endpoint): the class
-    gcsfs registers by default first asks a gRPC control API for each bucket's type, which only
-    Google's endpoint answers (elsewhere it waits 60 s per bucket, then falls back to this one)."""
-    if options.get("endpoint_url"):
-        from gcsfs.core import GCSFileSystem
-
-        fs = GCSFileSystem(**options)
-        return fs, fs._strip_protocol(url)
-    return fsspec.core.url_to_fs(url, **options)
-
-
-AZURE_RETRY = {"initial_backoff": 0.5, "increment_base": 2, "retry_total": 6, "random_jitter_range": 0.5}
-"""Azure's SDK waits 15 s before its first retry (then 18, 24): its defaults. Ours wait ~2.5, 4.5,
-8.5, 16.5, 32.5, 64.5 s (as botocore's and gcsfs's backoffs grow), so a brief throttle costs
-seconds. The SDK retries 500, 503 (Azure Storage's "server busy", how it throttles), 408 and
-connection errors; ``_RetryThrottled`` adds 429."""
-
-
-def _azure_filesystem(url: str, options: dict):
-    fs = _azure_class()(**options)
-    return fs, fs._strip_protocol(url)
-
-
-_AZURE_CLASS: list = []
-
-
-def _azure_class():
-    """adlfs's filesystem with our retry policy on its service client (every file it opens uses
-    that client). One class for the process, so fsspec's instance cache finds a filesystem again."""
-    if not _AZURE_CLASS:
-        from adlfs import AzureBlobFileSystem
-
-        class TokenshardsAzureBlobFileSystem(AzureBlobFileSystem):
-            def do_connect(self):
-                super().do_connect()
-                self.service_client = _with_retries(self.service_client)
-
-        _AZURE_CLASS.append(TokenshardsAzureBlobFileSystem)
-    return _AZURE_CLASS[0]
-
-
-def _with_retries(client):
-    """The same service client (account URL, credential) with ``AZURE_RETRY``, 429 included."""
-    import asyncio
-
-    from azure.storage.blob.aio import BlobServiceClient, ExponentialRetry
-
-    class RetryThrottled(ExponentialRetry):
-        """The SDK treats every 4xx as final, 429 too (a proxy or gateway in front of an account
-        may send it): retried here around the SDK's own loop, after Retry-After when given."""
-
-        async def send(self, request):
-            for attempt in range(AZURE_RETRY["retry_total"] + 1):
-                response = await super().send(request)
-                if response.http_response.status_code != 429 or attempt == AZURE_RETRY["retry_total"]:
-                    return response
-                after = response.http_response.headers.get("Retry-After", "")
-                await asyncio.sleep(float(after) if after.isdigit() else AZURE_RETRY["initial_backoff"] * 2 ** (attempt + 1))
-            return response
-
-    return BlobServiceClient(account_url=client.url, credential=client.credential, user_agent=USER_AGENT,
-                             retry_policy=RetryThrottled(**AZURE_RETRY))
-
-
-USER_AGENT = "tokenshards"
 
 
 def _connect(fs: fsspec.AbstractFileSystem, url: str) -> None:
@@ -271,31 +272,6 @@ def _connect(fs: fsspec.AbstractFileSystem, url: str) -> None:
     except (TypeError, ValueError) as e:
         raise UserError(f"cannot open {url!r}: s3fs/botocore did not accept the storage options ({_one_line(e)}); "
                         "check the --storage-option keys and what client_kwargs/config_kwargs hold") from e
-
-
-def is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    return isinstance(fs, LocalFileSystem)
-
-
-def is_s3(fs: fsspec.AbstractFileSystem) -> bool:
-    return "s3" in _protocols(fs)
-
-
-def is_gcs(fs: fsspec.AbstractFileSystem) -> bool:
-    return any(p in GCS_PROTOCOLS for p in _protocols(fs))
-
-
-def is_azure(fs: fsspec.AbstractFileSystem) -> bool:
-    return any(p in AZURE_PROTOCOLS for p in _protocols(fs))
-
-
-def is_object_store(fs: fsspec.AbstractFileSystem) -> bool:
-    """S3, GCS or Azure: the stores whose single small writes are atomic and whose large ones we commit."""
-    return is_s3(fs) or is_gcs(fs) or is_azure(fs)
-
-
-def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
-    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
 
 
 def join(root: str, *parts: str) -> str:
@@ -912,93 +888,3 @@ def _azure_container_properties(fs, container: str) -> None:
             await client.get_container_properties()
 
     fsspec.asyn.sync(fs.loop, properties)
-
-
-def _is_denied(e: BaseException) -> bool:
-    """403 on any store: S3 and Azure (through adlfs) raise PermissionError, gcsfs an OSError
-    "Forbidden", azure-core a ClientAuthenticationError or an HttpResponseError with its status."""
-    return (isinstance(e, PermissionError) or str(e).startswith("Forbidden")
-            or getattr(e, "status_code", None) in (401, 403) or getattr(e, "code", None) in (401, 403, "401", "403")
-            or type(e).__name__ == "ClientAuthenticationError")
-
-
-def _is_auth_failure(e: BaseException) -> bool:
-    """The credentials themselves were refused (a wrong key or token), not a missing right."""
-    code = str(getattr(e, "error_code", "") or "")
-    return (code in ("AuthenticationFailed", "InvalidAuthenticationInfo") or "failed to authenticate" in str(e)
-            or getattr(e, "code", None) in (401, "401") or getattr(e, "status_code", None) == 401)
-
-
-def storage_error(e: BaseException, url: str, *, what: str, fs: fsspec.AbstractFileSystem | None = None) -> UserError:
-    """A one-line ``UserError`` for a storage failure on ``url``, saying what to check."""
-    name = type(e).__name__
-    cloud = "gcs" if fs is not None and is_gcs(fs) else "azure" if fs is not None and is_azure(fs) else "s3"
-    if cloud != "s3" and _is_denied(e):
-        hint = _CLOUD_DENIED[cloud][_is_auth_failure(e)]
-    elif isinstance(e, PermissionError):
-        hint = "access denied; check the credentials in use (AWS_PROFILE, AWS_ACCESS_KEY_ID, instance role) and the bucket policy"
-    elif isinstance(e, FileNotFoundError):
-        hint = "not found"
-    elif name == "NoCredentialsError":
-        hint = ("no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, "
-                "or pass --storage-option anon=true for a public bucket")
-    elif name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionError", "ClientConnectorError",
-                  "ServiceRequestError", "ClientConnectorDNSError") or isinstance(e, (ConnectionError, TimeoutError)):
-        hint = ("cannot reach the storage endpoint; check " + _CLOUD_ENDPOINT[cloud] + ", and the network")
-    else:
-        hint = "check the URL, the credentials and the endpoint"
-    endpoint = _endpoint(fs)
-    return UserError(f"{what} {url}: {hint} ({name}: {_detail(e)}{f'; endpoint {endpoint}' if endpoint else ''})")
-
-
-def _detail(e: BaseException) -> str:
-    """The error's own words, short: azure-core's errors carry the whole XML reply after the message."""
-    code = getattr(e, "error_code", None)
-    if code and hasattr(e, "reason"):
-        return f"{_one_line(Exception(str(e).splitlines()[0]))} (ErrorCode {code})"
-    return _one_line(e)
-
-
-_CLOUD_DENIED = {
-    "gcs": ("access denied; check that the credentials in use (GOOGLE_APPLICATION_CREDENTIALS, "
-            "gcloud auth application-default login, the VM's service account, --storage-option token=...) "
-            "have the storage.objects.* permissions on the bucket",
-            "the credentials were refused or none were found (the request went anonymous); check "
-            "GOOGLE_APPLICATION_CREDENTIALS, gcloud auth application-default login or --storage-option token=..."),
-    "azure": ("access denied; check that the credentials in use (AZURE_STORAGE_CONNECTION_STRING, "
-              "AZURE_STORAGE_ACCOUNT_NAME/..._KEY, a SAS token, an Azure AD identity) may read and write blobs "
-              "in the container",
-              "the credentials were refused; check AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME "
-              "and AZURE_STORAGE_ACCOUNT_KEY (or --storage-option azure='{...}')"),
-}
-_CLOUD_ENDPOINT = {
-    "s3": "AWS_ENDPOINT_URL or --storage-option endpoint_url=...",
-    "gcs": "STORAGE_EMULATOR_HOST or --storage-option gcs='{\"endpoint_url\": ...}'",
-    "azure": "the account name or the connection string's BlobEndpoint",
-}
-
-
-def _endpoint(fs: fsspec.AbstractFileSystem | None) -> str | None:
-    """The endpoint a filesystem's client talks to, wherever it came from (--storage-option, the
-    environment or the cloud's default): the first thing to check when it is the wrong one."""
-    if fs is None:
-        return None
-    if is_gcs(fs):
-        return getattr(fs, "_location", None)
-    if is_azure(fs):
-        url = getattr(getattr(fs, "service_client", None), "primary_endpoint", None)
-        return url.split("?", 1)[0].rstrip("/") if url else None  # never a SAS token
-    client = getattr(fs, "s3", None)
-    return getattr(getattr(client, "meta", None), "endpoint_url", None)
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return text[:300] or type(e).__name__
-
-
-def write_advice(e: BaseException, option: str) -> str:
-    """What to do when a local folder refused a write: a full disk is not a permissions problem."""
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-        return f"free some space there or choose another {option}"
-    return f"choose another {option} or fix its permissions"
