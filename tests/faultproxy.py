@@ -14,6 +14,8 @@ a while, or hold a request until released (a client caught mid-upload).
     proxy.fault(match, "cut", forward=True)      # the store's reply, its body reset half-way
     proxy.fault(match, "short", forward=True)    # ...or closed cleanly half-way (body cut in half)
     proxy.fault(match, "stall", seconds=3)       # no answer for 3 s, then the connection closes
+    proxy.guard(check)                           # check(request) -> None (forward) or an answer to give:
+                                                 # a precondition the emulator does not enforce, say
     proxy.hold(lambda r: "upload_id" in r.query)                   # such requests wait...
     proxy.held.wait(30)                                            # ...until one does
     proxy.log                                                      # every request seen (Request)
@@ -108,7 +110,9 @@ class FaultProxy:
         """Every reply given (forwarded or made up) with its status; a fault's is its action's name."""
         self.held = threading.Event()
         """Set when a request is being held."""
+        self.guards: list[Callable[[Request], dict | None]] = []
         self._lock = threading.Lock()
+        self._guarded = threading.Lock()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -163,6 +167,14 @@ class FaultProxy:
             self.rules.append(rule)
         return rule
 
+    def guard(self, check: Callable[[Request], dict | None]) -> None:
+        """Before a request is forwarded, ``check(request)`` may answer it instead (a dict of ``status``,
+        ``body``, ``headers``). Checks and forwarding happen one request at a time, so a check that
+        reads the store's state (an object's generation) and the write it lets through are atomic,
+        as the real store's precondition is. Cleared by ``clear``."""
+        with self._lock:
+            self.guards.append(check)
+
     def hold(self, match: Callable[[Request], bool]) -> threading.Event:
         """Requests matching are held (never forwarded nor answered) until the returned event is set."""
         release = threading.Event()
@@ -176,6 +188,7 @@ class FaultProxy:
                 if rule.hold is not None:
                     rule.hold.set()
             self.rules.clear()
+            self.guards.clear()
 
     def faults(self, action: str) -> int:
         """How many requests met a fault of ``action`` (or got the made-up status ``action``)."""
@@ -241,6 +254,16 @@ class FaultProxy:
                 handler.close_connection = True
 
     def _forward(self, handler: BaseHTTPRequestHandler, request: Request, body: bytes) -> tuple[int, bytes, dict[str, str]]:
+        if not self.guards:
+            return self._upstream(handler, request, body)
+        with self._guarded:
+            for check in list(self.guards):
+                answer = check(request)
+                if answer is not None:
+                    return answer["status"], answer["body"], answer["headers"]
+            return self._upstream(handler, request, body)
+
+    def _upstream(self, handler: BaseHTTPRequestHandler, request: Request, body: bytes) -> tuple[int, bytes, dict[str, str]]:
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in ("transfer-encoding", "connection")}
         headers["Content-Length"] = str(len(body))
         upstream = http.client.HTTPConnection(self.host, self.upstream_port, timeout=120)

@@ -10,15 +10,19 @@
 
 What the emulator does not do (checked in its source, 2026.7.19): it never reads
 ``ifGenerationMatch`` (conditional writes are not enforced), never checks credentials, and does
-not route DELETE of a resumable session. The proxy stands in where a test needs those answers.
+not route DELETE of a resumable session. The proxy stands in where a test needs those answers:
+``gcs.enforce_generations()`` makes it check ``ifGenerationMatch`` as GCS does (412 with GCS's body
+unless the object's generation, 0 for none, is the one named), atomically with the write it lets through.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -54,10 +58,44 @@ class GCSServer:
         return GCSFileSystem(endpoint_url=self.direct_url, token="anon", skip_instance_cache=True,
                              use_listings_cache=False)
 
+    def enforce_generations(self) -> None:
+        """From now until the proxy's ``clear()``: uploads and deletes with ``ifGenerationMatch`` are
+        refused as GCS refuses them when the object's generation is another."""
+        self.proxy.guard(lambda request: _precondition(self.direct_url, request))
+
     def make_bucket(self, name: str | None = None) -> str:
         name = name or f"bucket-{uuid.uuid4().hex[:12]}"
         self.fs().mkdir(name)
         return name
+
+
+PRECONDITION_FAILED = {"status": 412, "headers": {"Content-Type": "application/json; charset=UTF-8"},
+                       "body": json.dumps({"error": {"code": 412, "message": "At least one of the pre-conditions you "
+                                                     "specified did not hold.", "errors": [{
+                                                         "message": "At least one of the pre-conditions you specified "
+                                                                    "did not hold.", "domain": "global",
+                                                         "reason": "conditionNotMet", "locationType": "header",
+                                                         "location": "If-Match"}]}}).encode()}
+
+
+def _precondition(direct_url: str, request) -> dict | None:
+    """GCS's answer to a request whose ``ifGenerationMatch`` does not hold, or None to let it through."""
+    wanted = request.query.get("ifGenerationMatch", [None])[0]
+    if wanted is None:
+        return None
+    parts = request.path.split("/")  # /upload/storage/v1/b/B/o?name=K or /storage/v1/b/B/o/K
+    bucket = parts[parts.index("b") + 1]
+    name = request.query["name"][0] if "name" in request.query else urllib.parse.unquote(parts[parts.index("o") + 1])
+    try:
+        with urllib.request.urlopen(f"{direct_url}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+                                    "?fields=generation", timeout=10) as reply:
+            current = str(json.loads(reply.read())["generation"])
+    except urllib.error.HTTPError as e:
+        e.close()
+        if e.code != 404:
+            raise
+        current = "0"
+    return None if current == wanted else PRECONDITION_FAILED
 
 
 def start_emulator(timeout: float = 30.0) -> tuple[subprocess.Popen, str]:

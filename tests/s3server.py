@@ -1,6 +1,7 @@
 """A real S3 endpoint for tests: moto's server in a subprocess on 127.0.0.1, used through s3fs.
 
-Every test module has the ``s3`` fixture (``conftest.py`` imports it); use:
+Every test module has the ``s3`` fixture (``conftest.py`` imports it); ``s3_proxied`` (import it
+into the module) is the same server behind a ``FaultProxy`` (``s3_proxied.proxy``). Use:
 
     s3.endpoint_url        http://127.0.0.1:PORT
     s3.storage_options     what a user would pass with --storage-option (endpoint, key, secret)
@@ -25,6 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import pytest
+from faultproxy import FaultProxy
 
 REGION = "us-east-1"
 
@@ -40,6 +42,8 @@ class S3Server:
     endpoint_url: str
     key: str = "tokenshards-test-key"
     secret: str = field(default_factory=lambda: f"tokenshards-secret-{uuid.uuid4().hex}")
+    proxy: FaultProxy | None = None
+    """``s3_proxied``'s: the FaultProxy that ``endpoint_url`` is (moto itself behind it)."""
 
     @property
     def storage_options(self) -> dict:
@@ -99,3 +103,13 @@ def s3():
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def s3_proxied(s3):
+    """The session's moto server behind a ``FaultProxy`` of this module's own (a thread): same keys."""
+    proxy = FaultProxy("127.0.0.1", int(s3.endpoint_url.rsplit(":", 1)[1])).start()
+    try:
+        yield S3Server(endpoint_url=proxy.url, key=s3.key, secret=s3.secret, proxy=proxy)
+    finally:
+        proxy.stop()

@@ -1,4 +1,5 @@
-"""One live writer per OUT: the lease on a local disk and on S3 (moto enforces If-None-Match / If-Match)."""
+"""One live writer per OUT: the lease on a local disk and on S3 (moto enforces If-None-Match / If-Match);
+on S3, GCS and Azure behind fault proxies, a renewal or creation whose answer was lost."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,8 @@ import sys
 import time
 
 import pytest
+from s3server import s3_proxied  # noqa: F401  (a fixture)
+from storecases import store_case
 
 from tokenshards.namespaces import process_space
 from tokenshards.storage.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, LeaseRecord
@@ -160,3 +163,64 @@ def test_only_one_of_two_racing_takers_wins(out):
         except _Conflict:
             pass
     assert len(won) == 1
+
+
+# -- a run that knows its own lease: answers lost on the way back ----------------------------------
+
+def _is_lease_write(request) -> bool:
+    """A write of the lease record: S3's and Azure's PUT of the key, GCS's upload naming it."""
+    return request.method in ("PUT", "POST") and LEASE_FILE in (request.path + request.query.get("name", [""])[0])
+
+
+@pytest.fixture(params=["s3", "gcs", "azure"])
+def behind_proxy(request):
+    """A ``StoreCase`` per object store (GCS behind a stand-in that enforces ifGenerationMatch)."""
+    case = store_case(request, request.param)
+    if case.store == "gcs":
+        case.server.enforce_generations()
+    return case
+
+
+@pytest.mark.parametrize("fault", ["reset", "stall"])
+def test_a_renewal_whose_answer_was_lost_reads_the_lease_back_and_carries_on(behind_proxy, fault):
+    """The store wrote the renewal; its answer never came (a reset, or none before the timeout). The
+    retry meets the new version (412), the run reads the lease back, finds its own and carries on:
+    it still commits (``check``) and removes its lease at the end."""
+    case = behind_proxy
+    location = Location.at(case.url("out"), case.options(timeout=0.5))
+    lease = Lease(location, command="tokenize")
+    lease.acquire()
+    created = lease.token
+    case.proxy.fault(_is_lease_write, fault, forward=True, seconds=1.5)
+    lease.check()  # renews once: the lost answer, then a precondition that no longer holds
+    assert lease.lost is None and lease.token != created
+    assert case.proxy.faults(fault) == 1
+    stored = LeaseRecord.from_bytes(case.direct.cat_file(case.key("out", LEASE_FILE)))
+    assert stored == lease.record  # the renewal is there, and it is this run's
+    lease.release()
+    assert not case.direct.exists(case.key("out", LEASE_FILE))
+
+
+def test_a_creation_whose_answer_was_lost_is_this_runs_lease(behind_proxy):
+    case = behind_proxy
+    lease = Lease(Location.at(case.url("out"), case.options()), command="tokenize")
+    case.proxy.fault(_is_lease_write, "reset", forward=True)
+    lease.acquire()
+    assert LeaseRecord.from_bytes(case.direct.cat_file(case.key("out", LEASE_FILE))) == lease.record
+    lease.check()
+    lease.release()
+    assert not case.direct.exists(case.key("out", LEASE_FILE))
+
+
+def test_a_renewal_lost_to_another_run_is_still_lost(behind_proxy):
+    """The read-back finds another run's record: lost, and its record is left alone."""
+    case = behind_proxy
+    lease = Lease(Location.at(case.url("out"), case.options()), command="tokenize")
+    lease.acquire()
+    now = time.time()
+    other = LeaseRecord(run="other", command="export", host="elsewhere", pid=7, started=now, renewed=now, ttl=120)
+    case.direct.pipe_file(case.key("out", LEASE_FILE), other.to_bytes())
+    with pytest.raises(LeaseLost, match=r"lost its lease to a export run on host elsewhere, pid 7"):
+        lease.check()
+    lease.release()
+    assert LeaseRecord.from_bytes(case.direct.cat_file(case.key("out", LEASE_FILE))) == other

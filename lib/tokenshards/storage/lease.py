@@ -42,6 +42,7 @@ import fsspec
 
 from ..namespaces import process_space
 from ..errors import UserError
+from ..wording import brief, scrub
 from .location import Location
 from .store import gcs_upload, is_azure, is_gcs, is_local, is_s3, temporary_beside, write_advice, write_atomic
 
@@ -456,23 +457,47 @@ class Lease:
     def release(self) -> None:
         self._stop_renewing()
         if self.token is not None and self.lost is None:
-            with contextlib.suppress(OSError):  # it expires by itself
+            with contextlib.suppress(Exception):  # a store that fails now: the lease expires by itself
                 self.ops.delete(self.token)
         self.token = None
 
     # keeping it
     def renew(self) -> None:
-        """Extend the lease; on a lost conditional write, remember who holds OUT now."""
+        """Extend the lease; on a lost conditional write, remember who holds OUT now.
+
+        A renewal whose answer never came (no reply, a reset: the store may have written it or not)
+        or whose retry met its own first write (a precondition that no longer holds because the
+        write landed) is read back, as the lease's creation is: a record of this run, from this
+        process, is still this run's lease, whichever version is there; the run carries on with
+        it. Only another run's record, or none, means the lease was lost. A failure that leaves the
+        record unread, or this run's record expired, is raised: this run cannot say it holds OUT."""
         with self._lock:
             if self.lost is not None or self.record is None:
                 return
             record = LeaseRecord(**{**asdict(self.record), "renewed": self.clock()})
+            failure: Exception | None = None
             try:
                 self.token = self.ops.replace(record.to_bytes(), self.token, mine=True)
                 self.record = record
+                return
             except _Conflict:
-                current = self.ops.read()
-                self.lost = (LeaseRecord.from_bytes(current[0]) if current else None) or self.record
+                pass
+            except Exception as e:  # noqa: BLE001 -- ambiguous: read back below, raised if that cannot say
+                failure = e
+            current = self.ops.read()
+            held = LeaseRecord.from_bytes(current[0]) if current else None
+            if held is not None and self._is_mine(held):
+                self.token, self.record = current[1], held
+                if failure is not None and held.renewed != record.renewed and self.clock() > held.expires:
+                    raise failure
+                return
+            self.lost = held or self.record
+
+    def _is_mine(self, held: LeaseRecord) -> bool:
+        """Written by this run (its random id) from this process: the holder and its token."""
+        mine = self.record
+        return (held.run, held.host, held.pid, held.space, held.started) == \
+            (mine.run, mine.host, mine.pid, mine.space, mine.started)
 
     def check(self) -> None:
         """Raise ``LeaseLost`` unless this run still holds OUT (renews once, so the answer is fresh)."""
@@ -487,7 +512,7 @@ class Lease:
             try:
                 self.renew()
             except Exception as e:  # noqa: BLE001 -- a storage hiccup: the next tick tries again
-                self.announce(f"warning: could not renew the lease on {self.url} ({type(e).__name__}: {e})")
+                self.announce(f"warning: could not renew the lease on {self.url} ({type(e).__name__}: {brief(scrub(str(e)))})")
 
     def _stop_renewing(self) -> None:
         self._stop.set()
