@@ -172,11 +172,16 @@ def test_gcs_refusing_a_precondition_is_a_lost_race(gcs):
         ops.create(b"mine")
     lease = Lease(Location(url=f"gs://{bucket}/out", fs=fs, root=root), command="tokenize")
     lease.acquire()
-    gcs.proxy.fail(lambda r: r.method == "POST" and r.query.get("ifGenerationMatch") == [lease.token], status=412,
-                   body=precondition)
+    # Another run's record replaced this run's (a new generation): GCS refuses the renewal with 412.
+    # (A 412 while this run's own record is still there is its own renewal, written by a try whose
+    # answer was lost: test_lease.py.)
+    gcs.enforce_generations()
+    gcs.fs().pipe_file(f"{bucket}/out/.tokenshards-lease.json", b"another run's record")
     with pytest.raises(LeaseLost, match="lost its lease"):
         lease.check()  # a renewal that lost: this run must not commit
+    assert 412 in [status for _, status in gcs.proxy.answered]
     lease.release()
+    assert gcs.fs().cat_file(f"{bucket}/out/.tokenshards-lease.json") == b"another run's record"
 
 
 def test_a_second_run_meets_the_first_in_one_line(gcs, cluster, corpus):
