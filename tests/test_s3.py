@@ -386,6 +386,9 @@ def test_worker_killed_mid_upload_leaves_nothing_committed_and_a_rerun_completes
         start_worker()
         rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
         assert rerun.returncode == 0, rerun.stderr
+        # A scheduler started without a dashboard: no link to one (its HTTP server serves health and metrics only).
+        said = [line for line in rerun.stderr.splitlines() if line.startswith("dashboard: ")]
+        assert said == [f"dashboard: off  (scheduler {address}, 1 worker)"], rerun.stderr
         assert not fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads")  # the rerun aborted it
         if committed:  # typically the three small partitions, done before the big one started
             assert f"{len(committed)} already committed" in rerun.stderr

@@ -191,10 +191,41 @@ def _remote_client(*, address: str | None = None, scheduler_file: str | None = N
         raise UserError(f"cannot reach the Dask scheduler at {where}: {e}; is `dask scheduler` running there?") from e
     with client:
         client.register_plugin(ReuseFreedMemory())
-        n = len(client.scheduler_info(n_workers=-1)["workers"])
-        announce(f"dashboard: {client.dashboard_link}  (scheduler {client.scheduler.address}, {counted(n, 'worker')}"
+        info = client.scheduler_info(n_workers=-1)
+        n = len(info["workers"])
+        link = served_dashboard(client, info) or "off"
+        announce(f"dashboard: {link}  (scheduler {client.scheduler.address}, {counted(n, 'worker')}"
                  + ("; tasks wait until a `dask worker` joins" if n == 0 else "") + ")")
         yield client
+
+
+def served_dashboard(client: Client, info: dict) -> str | None:
+    """The scheduler's dashboard link, or None when it serves none. A scheduler always runs its HTTP
+    server (health, metrics: ``info["services"]["dashboard"]`` is its port) but only one started with
+    a dashboard has a ``/status`` (``dask scheduler --no-dashboard``: 404; HEAD, so that bokeh renders
+    nothing, answers 405 where the page is). Asked once, briefly; a
+    server this machine cannot reach (another network, a tunnel) keeps its link: the browser may."""
+    import urllib.error
+    import urllib.request
+
+    port = (info.get("services") or {}).get("dashboard")
+    if port is None:
+        return None
+    link = client.dashboard_link
+    host = client.scheduler.address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    scheme = "https" if link and link.startswith("https:") else "http"
+    probe = urllib.request.Request(f"{scheme}://{host}:{port}/status", method="HEAD")  # no page rendered
+    try:
+        with urllib.request.urlopen(probe, timeout=DASHBOARD_PROBE_SECONDS):
+            return link
+    except urllib.error.HTTPError as e:
+        e.close()
+        return None if e.code == 404 else link
+    except (OSError, ValueError):
+        return link
+
+
+DASHBOARD_PROBE_SECONDS = 3.0
 
 
 @contextlib.contextmanager
