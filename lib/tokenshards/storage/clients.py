@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import posixpath
+import re
 from urllib.parse import unquote
 
 import fsspec
@@ -188,14 +189,19 @@ def _gcs_class(base: type):
             return await retried(self.retry_policy, once)
 
         def _shown(self, path: str, args: tuple, params: dict) -> str:
-            """The object (or bucket) a JSON API request is about, as the user writes it: ``gs://b/key``."""
-            if path.startswith(("b/", "/b/")) or "/b/{}" in path:
-                bucket = args[0] if args else ""
-                key = args[1] if len(args) > 1 else params.get("name", "")
-                return f"gs://{bucket}/{key}" if key else f"gs://{bucket}"
-            return self._format_path(path, args).split("?", 1)[0]
+            """The object (or bucket) a JSON API request is about, as the user writes it (``gs://b/key``),
+            not as the API names it (``.../download/storage/v1/b/b/o/key%2F...``)."""
+            found = _GCS_API_PATH.search(self._format_path(path, args).split("?", 1)[0])
+            if found is None:
+                return self._format_path(path, args).split("?", 1)[0]
+            bucket, key = unquote(found.group(1)), unquote(found.group(2) or params.get("name") or "")
+            return f"gs://{bucket}/{key}" if key else f"gs://{bucket}"
 
     return TokenshardsGCSFileSystem
+
+
+_GCS_API_PATH = re.compile(r"(?:^|/)b/([^/]+)(?:/o(?:/(.+))?)?$")
+"""The bucket and object in a JSON API URL (``.../storage/v1/b/B/o/K``, uploads' ``.../b/B/o``)."""
 
 
 def _gcs_message(contents: bytes) -> str:

@@ -74,7 +74,7 @@ def storage_error(e: BaseException, url: str, *, what: str, fs: fsspec.AbstractF
     else:
         hint = "check the URL, the credentials and the endpoint"
     endpoint = _endpoint(fs)
-    return UserError(f"{what} {url}: {hint} ({name}: {_detail(e)}{f'; endpoint {endpoint}' if endpoint else ''})")
+    return UserError(f"{what} {url}: {hint} ({name}: {_detail(e, fs)}{f'; endpoint {endpoint}' if endpoint else ''})")
 
 
 def refusal(e: BaseException, fs: fsspec.AbstractFileSystem, url: str) -> str:
@@ -110,12 +110,18 @@ def _tries(fs) -> str:
     return f"tried {policy.attempts} times" if policy is not None else "tried again and again"
 
 
-def _detail(e: BaseException) -> str:
-    """The error's own words, short: azure-core's errors carry the whole XML reply after the message."""
+def _detail(e: BaseException, fs: fsspec.AbstractFileSystem | None = None) -> str:
+    """The error's own words, short: azure-core's errors carry the whole XML reply after the message;
+    a file s3fs or adlfs could not find is named as the user writes it (``s3://bucket/key``)."""
     code = getattr(e, "error_code", None)
     if code and hasattr(e, "reason"):
         return f"{_one_line(Exception(str(e).splitlines()[0]))} (ErrorCode {getattr(code, 'value', code)})"
-    return _one_line(e)
+    text = _one_line(e)
+    if fs is not None and isinstance(e, FileNotFoundError):
+        path = e.filename if isinstance(e.filename, str) else e.args[0] if len(e.args) == 1 else None
+        if isinstance(path, str) and path and "://" not in path and " " not in path:
+            text = text.replace(path, fs.unstrip_protocol(path))
+    return text
 
 
 _CLOUD_CREDENTIALS = {
