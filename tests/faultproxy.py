@@ -236,7 +236,7 @@ class FaultProxy:
         if rule.action == "stall":
             time.sleep(rule.seconds)
             self._reset(handler)
-        elif rule.action == "reset":
+        elif rule.action == "reset" or request.method == "HEAD":  # a HEAD's reply has no body to cut
             self._reset(handler)
         else:  # "cut" or "short": the headers promise the whole body, half of it comes
             status, data, headers = reply

@@ -44,8 +44,9 @@ def _error_code(e: BaseException) -> str | None:
         if code:
             return str(getattr(code, "value", code))  # azure-core's codes are enums
         reply = getattr(err, "response", None)
-        if isinstance(reply, dict) and (reply.get("Error") or {}).get("Code"):
-            return reply["Error"]["Code"]
+        code = (reply.get("Error") or {}).get("Code") if isinstance(reply, dict) else None
+        if code and not str(code).isdigit():  # botocore names a bodiless answer (a HEAD's) by its status
+            return code
     return None
 
 
@@ -89,6 +90,10 @@ def refusal(e: BaseException, fs: fsspec.AbstractFileSystem, url: str) -> str:
     if sent.startswith("no credentials"):
         return (f"{_store(fs, cloud)} refused an anonymous request for {kind} {bucket!r} ({said}): {sent}; "
                 f"give credentials: {_CLOUD_CREDENTIALS[cloud]}")
+    if status == 403 and _error_code(e) is None and cloud == "s3":  # a HEAD's 403: no body says which
+        return (f"S3 refused the request for {kind} {bucket!r} (403, without a reason: the answer to a HEAD has no "
+                f"body): {sent}; the credentials were not accepted, or they lack a permission this needs: check "
+                f"{_CLOUD_CREDENTIALS[cloud]}, and the bucket's and the IAM policies")
     if _is_auth_failure(e):
         return (f"{_store(fs, cloud)} refused the credentials sent for {kind} {bucket!r} ({said}): {sent}; "
                 f"check {_CLOUD_CREDENTIALS[cloud]}")

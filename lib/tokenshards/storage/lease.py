@@ -44,7 +44,8 @@ from ..namespaces import process_space
 from ..errors import UserError
 from ..wording import brief, scrub
 from .location import Location
-from .store import gcs_upload, is_azure, is_gcs, is_local, is_s3, temporary_beside, write_advice, write_atomic
+from .store import (gcs_upload, is_azure, is_gcs, is_local, is_object_store, is_s3, storage_error, temporary_beside,
+                    write_advice, write_atomic)
 
 LEASE_FILE = ".tokenshards-lease.json"
 DEFAULT_TTL = 120.0
@@ -414,6 +415,22 @@ class Lease:
 
     # taking and giving back
     def acquire(self) -> None:
+        with self._worded("cannot take the lease"):
+            self._acquire()
+
+    @contextlib.contextmanager
+    def _worded(self, what: str):
+        """A store's failure while taking or checking the lease, as one line naming the lease file."""
+        try:
+            yield
+        except (UserError, _Conflict):
+            raise
+        except Exception as e:
+            if not is_object_store(self.fs):
+                raise
+            raise storage_error(e, self.location.shown(LEASE_FILE), what=what, fs=self.fs) from e
+
+    def _acquire(self) -> None:
         now = self.clock()
         self.record = LeaseRecord(run=uuid.uuid4().hex, command=self.command, host=self.host, pid=os.getpid(),
                                   started=now, renewed=now, ttl=self.ttl, space=self.space)
@@ -501,7 +518,8 @@ class Lease:
 
     def check(self) -> None:
         """Raise ``LeaseLost`` unless this run still holds OUT (renews once, so the answer is fresh)."""
-        self.renew()
+        with self._worded("cannot renew the lease"):
+            self.renew()
         if self.lost is not None:
             by = self.lost.describe(self.clock()) if self.lost.run != self.record.run else "nobody (it was removed)"
             raise LeaseLost(f"{self.url}: this run lost its lease to {by} (it stalled past the {self.ttl:.0f} s "

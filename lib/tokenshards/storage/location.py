@@ -17,6 +17,7 @@ may differ from the client's.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 import uuid
@@ -26,7 +27,7 @@ import fsspec
 
 from ..errors import UserError
 from .store import (StorageOptions, _one_line, check_bucket, display_url, filesystem, is_local, is_object_store, join,
-                    read_json, storage_error, write_advice, write_atomic, write_json)
+                    storage_error, write_advice, write_atomic, write_json)
 from .store import storage_options as checked_options
 
 WRITE_PROBE_PREFIX = ".tokenshards-write-probe-"
@@ -82,13 +83,30 @@ class Location:
         return display_url(self.fs, self.join(*parts))
 
     def exists(self, *parts: str) -> bool:
-        return self.fs.exists(self.join(*parts))
+        with self._worded(parts, "cannot check"):
+            return self.fs.exists(self.join(*parts))
 
     def glob(self, *parts: str) -> list[str]:
         return self.fs.glob(self.join(*parts))
 
     def read_json(self, *parts: str):
-        return read_json(self.fs, self.join(*parts))
+        with self._worded(parts, "cannot read"):
+            raw = self.fs.cat_file(self.join(*parts))
+        return json.loads(raw)
+
+    @contextlib.contextmanager
+    def _worded(self, parts: tuple[str, ...], what: str):
+        """A store's failure (a refusal, a failure the retry policy gave up on) as one line naming the
+        file as the user writes it (``storage_error``); "not there" stays ``FileNotFoundError``, the
+        callers' to say, and a local folder's errors stay theirs too."""
+        try:
+            yield
+        except (FileNotFoundError, UserError):
+            raise
+        except Exception as e:
+            if not self.is_object_store:
+                raise
+            raise storage_error(e, self.shown(*parts), what=what, fs=self.fs) from e
 
     def write_json(self, relative: str, obj) -> None:
         """``relative`` written atomically (``store.write_atomic``), as indented JSON."""

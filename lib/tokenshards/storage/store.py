@@ -313,7 +313,14 @@ def file_identity(fs: fsspec.AbstractFileSystem, path: str) -> tuple[tuple[str, 
         if etag is not None:
             return (("size", st.st_size), ("blob", etag))
         return _stat_identity(st)
-    info = fs.info(path)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # a refusal, a failure the retry policy gave up on: one line, whoever asked
+        if not is_object_store(fs):
+            raise
+        raise storage_error(e, display_url(fs, path), what="cannot read", fs=fs) from e
     found = [("size", info.get("size"))]
     found += [(k, str(info[k])) for k in IDENTITY_KEYS if info.get(k) not in (None, "")]
     if any(k in ("ETag", "etag", "VersionId", "generation", "md5Hash") for k, _ in found):
