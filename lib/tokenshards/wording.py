@@ -68,6 +68,36 @@ def hide(*values: object) -> None:
     for value in values:
         if isinstance(value, str) and len(value) >= SHORTEST_SECRET:
             _KNOWN.update({value, quote(value, safe=""), quote_plus(value), quote(value)})
+    if _KNOWN:
+        _scrub_log_records()
+
+
+def _scrub_log_records() -> None:
+    """From the moment this process holds a credential, every log record it makes is scrubbed: the
+    libraries it drives log requests, URLs and errors (urllib3 a URL with its query, botocore a
+    request's headers at DEBUG, distributed a failed task's error), to whatever handler the user or
+    Dask set up, and their texts are not ours to word. Installed once, as logging's record factory."""
+    import logging
+
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "scrubs", False):
+        return
+
+    def factory(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        try:
+            message = record.getMessage()
+            clean = scrub(message)
+            if clean != message:
+                record.msg, record.args = clean, ()
+            if record.exc_info and record.exc_info[1] is not None:
+                scrub_exception(record.exc_info[1])
+        except Exception:  # noqa: BLE001 -- a record logging itself cannot format: logging says so later
+            pass
+        return record
+
+    factory.scrubs = True
+    logging.setLogRecordFactory(factory)
 
 
 def scrub(text: str) -> str:

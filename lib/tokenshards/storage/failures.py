@@ -55,7 +55,7 @@ def storage_error(e: BaseException, url: str, *, what: str, fs: fsspec.AbstractF
     name = type(e).__name__
     cloud = "gcs" if fs is not None and is_gcs(fs) else "azure" if fs is not None and is_azure(fs) else "s3"
     status, _ = status_of(e)
-    if fs is not None and _is_denied(e):
+    if fs is not None and (_is_denied(e) or (cloud == "s3" and status == 400 and _error_code(e) in (None, *REFUSED_CODES))):
         hint = refusal(e, fs, url)
     elif isinstance(e, PermissionError):
         hint = "access denied; check the credentials in use (AWS_PROFILE, AWS_ACCESS_KEY_ID, instance role) and the bucket policy"
@@ -64,6 +64,9 @@ def storage_error(e: BaseException, url: str, *, what: str, fs: fsspec.AbstractF
     elif name == "NoCredentialsError":
         hint = ("no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, "
                 "or pass --storage-option anon=true for a public bucket")
+    elif name == "TransportError" and fs is not None:  # google-auth: the token endpoint, not the store, failed
+        hint = (f"cannot get an access token for the credentials sent, {credential_sent(fs)}: their token endpoint "
+                f"did not answer ({_tries(fs)}); check the network, and the token_uri of the credentials file")
     elif transient(e) is not None:
         tries = _tries(fs)
         if status in TRANSIENT_STATUSES or status is not None:
@@ -90,10 +93,14 @@ def refusal(e: BaseException, fs: fsspec.AbstractFileSystem, url: str) -> str:
     if sent.startswith("no credentials"):
         return (f"{_store(fs, cloud)} refused an anonymous request for {kind} {bucket!r} ({said}): {sent}; "
                 f"give credentials: {_CLOUD_CREDENTIALS[cloud]}")
-    if status == 403 and _error_code(e) is None and cloud == "s3":  # a HEAD's 403: no body says which
-        return (f"S3 refused the request for {kind} {bucket!r} (403, without a reason: the answer to a HEAD has no "
-                f"body): {sent}; the credentials were not accepted, or they lack a permission this needs: check "
-                f"{_CLOUD_CREDENTIALS[cloud]}, and the bucket's and the IAM policies")
+    if status in (400, 403) and _error_code(e) is None and cloud == "s3":  # a HEAD's: no body says which
+        return (f"S3 refused the request for {kind} {bucket!r} ({status}, without a reason: the answer to a HEAD has "
+                f"no body): {sent}; the credentials were not accepted (an expired session token is answered "
+                f"400), or they lack a permission this needs: check {_CLOUD_CREDENTIALS[cloud]}, and the bucket's "
+                "and the IAM policies")
+    if type(e.__cause__).__name__ == "RefreshError":  # gcsfs's 401 for a token Google would not grant
+        return (f"Google's token endpoint refused the credentials sent for {kind} {bucket!r}: {sent} "
+                f"({_one_line(e.__cause__)}); check {_CLOUD_CREDENTIALS[cloud]}")
     if _is_auth_failure(e):
         return (f"{_store(fs, cloud)} refused the credentials sent for {kind} {bucket!r} ({said}): {sent}; "
                 f"check {_CLOUD_CREDENTIALS[cloud]}")
@@ -122,6 +129,8 @@ def _detail(e: BaseException, fs: fsspec.AbstractFileSystem | None = None) -> st
     if code and hasattr(e, "reason"):
         return f"{_one_line(Exception(str(e).splitlines()[0]))} (ErrorCode {getattr(code, 'value', code)})"
     text = _one_line(e)
+    if text == type(e).__name__ and e.__cause__ is not None:  # fsspec's FSTimeoutError says nothing itself
+        text = f"{type(e.__cause__).__name__}: {_one_line(e.__cause__)}"
     if fs is not None and isinstance(e, FileNotFoundError):
         path = e.filename if isinstance(e.filename, str) else e.args[0] if len(e.args) == 1 else None
         if isinstance(path, str) and path and "://" not in path and " " not in path:

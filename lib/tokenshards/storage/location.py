@@ -79,8 +79,11 @@ class Location:
         return join(self.root, *parts)
 
     def shown(self, *parts: str) -> str:
-        """The path of ``parts`` as a user would type it (``s3://bucket/key``; local paths plain)."""
-        return display_url(self.fs, self.join(*parts))
+        """The path of ``parts`` as the user wrote the location (``az://c/run/x``, not adlfs's ``abfs://``;
+        local paths plain)."""
+        if self.is_local:
+            return display_url(self.fs, self.join(*parts))
+        return "/".join([self.url.rstrip("/"), *parts]) if parts else self.url
 
     def exists(self, *parts: str) -> bool:
         with self._worded(parts, "cannot check"):

@@ -255,12 +255,13 @@ def _cloud_filesystem(url: str, protocol: str, options: dict, policy: RetryPolic
     except Exception as e:
         where = ("GOOGLE_APPLICATION_CREDENTIALS or --storage-option gcs='{\"token\": ...}'" if gcs else
                  "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT_NAME/..._KEY or --storage-option azure='{...}'")
+        tokeninfo = ""
         if gcs and "tokeninfo" in str(e):
-            # gcsfs asks Google for a raw token's expiry, with the token in the URL (scrubbed here).
-            where += ("; gcsfs asks Google's tokeninfo endpoint for a raw token's expiry: where that endpoint "
-                      "cannot be reached, set FETCH_RAW_TOKEN_EXPIRY=false (on every worker too)")
+            # gcsfs asks Google for a raw token's expiry, with the token in the URL (scrubbed by UserError).
+            tokeninfo = ("; gcsfs asks Google's tokeninfo endpoint for a raw token's expiry: where that endpoint "
+                         "cannot be reached, set FETCH_RAW_TOKEN_EXPIRY=false (on every worker too)")
         raise UserError(f"cannot open {url!r}: its credentials could not be loaded ({type(e).__name__}: {_one_line(e)}); "
-                        f"check {where} and the --storage-option keys") from e
+                        f"check {where} and the --storage-option keys{tokeninfo}") from e
 
 
 def _connect(fs: fsspec.AbstractFileSystem, url: str) -> None:
