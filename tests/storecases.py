@@ -13,10 +13,13 @@ from dataclasses import dataclass
 
 from faultproxy import FaultProxy
 
+from tokenshards.storage.retry import RetryPolicy
+
 SCHEMES = {"s3": "s3", "gcs": "gs", "azure": "az"}
 
-FAST_RETRY = {"attempts": 4, "first_delay": 0.01, "max_delay": 0.05, "retry_after_max": 2.0, "timeout": 2.0}
-"""The retry policy's settings for tests: the same tries, waits of milliseconds."""
+FAST_RETRY = {"attempts": RetryPolicy().attempts, "first_delay": 0.01, "max_delay": 0.05, "retry_after_max": 2.0,
+              "timeout": 2.0}
+"""The retry policy's settings for tests: a user's tries, waits of milliseconds."""
 
 
 @dataclass

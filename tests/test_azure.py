@@ -19,8 +19,10 @@ import pytest
 from azurite import AzureServer  # its `azure` fixture comes through conftest.pytest_plugins
 import storeexport
 from conftest import download
+from faultproxy import AZURE_500, AZURE_503
 from readback import expected_tokens, read_documents
 from s3server import free_port
+from storecases import FAST_RETRY
 from test_s3 import FailingBytes, big_corpus, check_against_tiktoken, part_files, write_corpus
 
 from tokenshards.cli import main
@@ -33,8 +35,9 @@ from tokenshards.tokenize.command import run_tokenize
 
 
 def config(azure: AzureServer, cluster, inputs, out, **options) -> TokenizeConfig:
+    """The retry policy's waits are milliseconds here (its tries as a user's): faults cost no time."""
     return TokenizeConfig(inputs=tuple(inputs), out=out, scheduler=cluster.scheduler_address, progress="none",
-                          storage_options=azure.storage_options, partition_bytes=6000, **options)
+                          storage_options={**azure.storage_options, "retry": FAST_RETRY}, partition_bytes=6000, **options)
 
 
 @pytest.fixture(scope="module")
@@ -126,17 +129,22 @@ def test_azure_round_trip_verify_and_azure_input(azure, cluster, corpus, gpt2, t
 
 
 def test_throttled_and_failing_requests_are_retried(azure, cluster, corpus, gpt2, tmp_path):
-    """Azure throttles with 503 ServerBusy; a gateway may send 429: both retried, from client and workers."""
+    """Azure throttles with 503 ServerBusy, times out with 500 OperationTimedOut; a gateway may send 429;
+    connections reset and bodies are cut short: all retried, from client and workers."""
     out_container = azure.make_container()
     proxy = azure.proxy
-    proxy.fail(lambda r: r.method == "GET" and "/fineweb/" in r.path, status=429, times=2,
-               headers={"Retry-After": "1"})
-    proxy.fail(lambda r: r.method == "PUT" and "/t/parts/" in r.path, status=503, times=2,
-               headers={"x-ms-error-code": "ServerBusy"})
+    reads = lambda r: r.method == "GET" and "/fineweb/" in r.path  # noqa: E731
+    parts = lambda r: r.method == "PUT" and "/t/parts/" in r.path  # noqa: E731
+    proxy.fail(reads, status=429, times=2, headers={"Retry-After": "1"})
+    proxy.fault(reads, "short", forward=True, times=2)  # a body closed half-way
+    proxy.fail(parts, times=2, **AZURE_503)
+    proxy.fail(parts, times=1, **AZURE_500)
+    proxy.fault(parts, "reset", forward=True, times=2)  # written, the answer lost: written again
     run_tokenize(config(azure, cluster, [f"az://{corpus['container']}/fineweb/*.parquet"], f"az://{out_container}/t"),
                  announce=lambda m: None)
     statuses = [status for _, status in proxy.answered]
-    assert statuses.count(429) == 2 and statuses.count(503) == 2
+    assert statuses.count(429) == 2 and statuses.count(503) == 2 and statuses.count(500) == 1
+    assert proxy.faults("short") == proxy.faults("reset") == 2
     download(azure.fs(), f"{out_container}/t", tmp_path / "t")
     check_against_tiktoken(tmp_path / "t", corpus["texts"], gpt2)
 

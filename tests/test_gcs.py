@@ -19,9 +19,11 @@ from urllib.parse import unquote
 import pytest
 import storeexport
 from conftest import download
+from faultproxy import GCS_429, GCS_503
 from gcsserver import GCSServer  # its `gcs` fixture comes through conftest.pytest_plugins
 from readback import expected_tokens, read_documents
 from s3server import free_port
+from storecases import FAST_RETRY
 from test_s3 import FailingBytes, big_corpus, check_against_tiktoken, part_files, write_corpus
 
 from tokenshards.cli import main
@@ -34,8 +36,9 @@ from tokenshards.tokenize.command import run_tokenize
 
 
 def config(gcs: GCSServer, cluster, inputs, out, **options) -> TokenizeConfig:
+    """The retry policy's waits are milliseconds here (its tries as a user's): faults cost no time."""
     return TokenizeConfig(inputs=tuple(inputs), out=out, scheduler=cluster.scheduler_address, progress="none",
-                          storage_options=gcs.storage_options, partition_bytes=6000, **options)
+                          storage_options={**gcs.storage_options, "retry": FAST_RETRY}, partition_bytes=6000, **options)
 
 
 @pytest.fixture(scope="module")
@@ -126,17 +129,20 @@ def test_gcs_round_trip_verify_and_gcs_input(gcs, cluster, corpus, gpt2, tmp_pat
 
 
 def test_throttled_and_failing_requests_are_retried(gcs, cluster, corpus, gpt2, tmp_path):
-    """429s and 503s on reads and writes, from the client and the workers: the run just takes longer."""
+    """GCS's 429s and 503s, resets and bodies cut short, on reads and writes, from the client and the
+    workers: the run just takes longer."""
     out_bucket = gcs.make_bucket()
     proxy = gcs.proxy
-    proxy.fail(lambda r: r.method == "GET" and "/o/" in r.path and "alt" in r.query, status=429, times=3,
-               body={"error": {"code": 429, "message": "The rate of change requests to the object is too high"}})
-    proxy.fail(lambda r: r.method == "POST" and r.path.startswith("/upload/"), status=503, times=3,
-               body={"error": {"code": 503, "message": "Backend Error"}})
+    reads = lambda r: r.method == "GET" and "/o/" in r.path and "alt" in r.query  # noqa: E731
+    uploads = lambda r: r.method == "POST" and r.path.startswith("/upload/")  # noqa: E731
+    proxy.fail(reads, times=3, **GCS_429)
+    proxy.fault(reads, "cut", forward=True, times=2)  # a body reset half-way
+    proxy.fail(uploads, times=3, **GCS_503)
+    proxy.fault(uploads, "reset", forward=True, times=2)  # written, the answer lost: written again
     run_tokenize(config(gcs, cluster, [f"gs://{corpus['bucket']}/fineweb/*.parquet"], f"gs://{out_bucket}/t"),
                  announce=lambda m: None)
     statuses = [status for _, status in proxy.answered]
-    assert statuses.count(429) == 3 and statuses.count(503) == 3
+    assert statuses.count(429) == 3 and statuses.count(503) == 3 and proxy.faults("cut") == proxy.faults("reset") == 2
     download(gcs.fs(), f"{out_bucket}/t", tmp_path / "t")
     check_against_tiktoken(tmp_path / "t", corpus["texts"], gpt2)
 
