@@ -22,6 +22,7 @@ from .cluster import interrupt
 from .encoding import names
 from .encoding.boundaries import BOUNDARY_CHOICES
 from .errors import UserError
+from .wording import scrub_exception
 from .export import formats
 from .storage.hubspec import HubDataset, is_hub_url
 from .storage.store import with_env_endpoint
@@ -546,6 +547,7 @@ def main(argv: list[str] | None = None, *, prestart_workers: bool = False) -> in
         return args.run(args)
     except UserError as e:
         if args.debug:
+            scrub_exception(e)  # and its causes: a library's own words may quote a credential
             traceback.print_exc()
         # One line, whatever a cause's text held (pyarrow's end in a line break).
         print("tokenshards: error: " + " ".join(line.strip() for line in str(e).splitlines() if line.strip()),
