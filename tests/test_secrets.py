@@ -13,6 +13,7 @@ environment); Hugging Face tokens. Each secret is random per run and shaped as t
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import logging
@@ -24,11 +25,14 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 from conftest import write_parquet
+from hypothesis import example, given
+from hypothesis import strategies as st
 from faultproxy import S3_503, FaultProxy
 from s3server import free_port, s3_proxied  # noqa: F401  (a fixture)
 from storecases import FAST_RETRY, store_case
 from test_retries import REFUSED
 
+from tokenshards import wording
 from tokenshards.cli import main
 from tokenshards.errors import UserError
 from tokenshards.storage import store
@@ -329,3 +333,43 @@ def test_a_workers_failure_leaves_no_secret_on_the_scheduler(cluster):
         future.release()
     assert isinstance(error, UserError) and "tokeninfo?access_token=<hidden>" in str(error)
     assert_hidden("\n".join([str(error), repr(error), *texts]), [token])
+
+
+# -- the scrubber on its own ------------------------------------------------------------------------------
+
+SECRET_CHARS = st.sampled_from("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_.~")
+
+
+@contextlib.contextmanager
+def known_secrets():
+    """``wording``'s secrets for one example only: the generated ones do not stay in this process."""
+    kept = set(wording._KNOWN), list(wording._LONGEST_FIRST)
+    try:
+        yield
+    finally:
+        wording._KNOWN.clear()
+        wording._KNOWN.update(kept[0])
+        wording._LONGEST_FIRST[:] = kept[1]
+
+
+@given(secret=st.text(SECRET_CHARS, min_size=8, max_size=64), before=st.text(max_size=30), after=st.text(max_size=30))
+@example(secret="abc123defg==", before="AccountKey=", after=";BlobEndpoint=http://x")
+@example(secret="ya29.a0-token", before="GET /tokeninfo?access_token=", after=" HTTP/1.1")
+def test_a_known_secret_is_hidden_in_any_text_and_form(secret, before, after):
+    with known_secrets():
+        wording.hide(secret)
+        for form in (secret, quote(secret, safe=""), quote_plus(secret)):
+            clean = wording.scrub(before + form + after)
+            assert secret not in clean and quote(secret, safe="") not in clean
+            assert wording.scrub(clean) == clean  # said once or twice, the same line
+
+
+def test_credentials_are_known_by_their_fields_and_shapes():
+    assert store.secret_values({"gcs": {"token": "/path/to/sa.json"}, "azure": {"connection_string":
+                               "AccountName=a;AccountKey=k3y+value==;BlobEndpoint=http://h/a"}}) == \
+        ["AccountName=a;AccountKey=k3y+value==;BlobEndpoint=http://h/a", "k3y+value=="]
+    said = wording.scrub("GET https://h/c/b?sv=2023-11-03&sig=abc%2Bdef&se=x Authorization: Bearer ya29.zzz "
+                         '{"private_key": "-----BEGIN PRIVATE KEY-----\\nMII\\n-----END PRIVATE KEY-----\\n"} '
+                         "hf_abcdefghijklmnopqrstuvwxyz0123 AKIAABCDEFGHIJKLMNOP")
+    assert said == ("GET https://h/c/b?sv=2023-11-03&sig=<hidden>&se=x Authorization: <hidden> "
+                    '{"private_key": "<hidden>"} <hidden> <hidden>')

@@ -48,12 +48,14 @@ _SECRET_FIELD = re.compile(
     r"|((?:^|[\s{,(])['\"]?(?:private_key|private_key_id|client_secret|refresh_token|access_token|token|secret"
     r"|key|account_key|sas_token|connection_string|credential|aws_secret_access_key|aws_session_token"
     r"|aws_access_key_id)['\"]?\s*[:=]\s*)(['\"])(?:[^'\"\\]|\\.)*\3"  # JSON or a dict's repr
-    r"|(authorization['\"]?\s*[:=]\s*['\"]?)(?!\s*['\"]?<hidden>)[^'\"\n}]+")  # a header, as logged
+    r"|(authorization['\"]?\s*[:=]\s*['\"]?)(?!\s*['\"]?<hidden>)[^'\"\n{}]*[^'\"\n{}\s]")  # a header, as logged
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)", re.S)
 _TOKEN_SHAPES = re.compile(r"\bya29\.[\w.-]+|\bhf_[A-Za-z0-9]{20,}|\b(?:AKIA|ASIA)[A-Z0-9]{16}\b")
 """Credentials recognisable by their shape: Google OAuth access tokens, Hugging Face tokens, AWS key ids."""
 
 _KNOWN: set[str] = set()
+_LONGEST_FIRST: list[str] = []
+"""``_KNOWN``, longest first (a connection string before the key inside it)."""
 SHORTEST_SECRET = 8
 """Shorter values are not hidden by value (they would hide ordinary words); their fields still are."""
 
@@ -61,14 +63,16 @@ SHORTEST_SECRET = 8
 def hide(*values: object) -> None:
     """Remember credentials this process holds (storage options, tokens from the environment), so that
     ``scrub`` hides them wherever they turn up, in whatever form an error quotes them (as given,
-    URL-encoded). Process-wide on purpose: a secret is one whatever object carries it, and a worker
+    URL-encoded or decoded). Process-wide on purpose: a secret is one whatever object carries it, and a worker
     learns its secrets when it unpickles the storage options a task brought."""
-    from urllib.parse import quote, quote_plus
+    from urllib.parse import quote, quote_plus, unquote
 
-    for value in values:
-        if isinstance(value, str) and len(value) >= SHORTEST_SECRET:
-            _KNOWN.update({value, quote(value, safe=""), quote_plus(value), quote(value)})
-    if _KNOWN:
+    new = {form for value in values if isinstance(value, str) and len(value) >= SHORTEST_SECRET
+           for form in (value, quote(value, safe=""), quote_plus(value), quote(value), unquote(value))
+           if len(form) >= SHORTEST_SECRET} - _KNOWN
+    if new:
+        _KNOWN.update(new)
+        _LONGEST_FIRST[:] = sorted(_KNOWN, key=len, reverse=True)
         _scrub_log_records()
 
 
@@ -107,7 +111,7 @@ def scrub(text: str) -> str:
     query parameters, secret fields and private keys, then tokens known by their shape."""
     if not text:
         return text
-    for value in sorted(_KNOWN, key=len, reverse=True):
+    for value in _LONGEST_FIRST:
         if value in text:
             text = text.replace(value, HIDDEN)
     text = _SECRET_QUERY.sub(lambda m: m.group(1) + HIDDEN, text)

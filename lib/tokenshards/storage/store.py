@@ -39,6 +39,7 @@ import json
 import mmap
 import os
 import posixpath
+import re
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -107,17 +108,26 @@ def secret_values(options, *, depth: int = 0) -> list[str]:
             found += secret_values(value, depth=depth + 1)
         elif isinstance(value, str) and name in SECRET_KEYS:
             if name == "token" and (value in ("anon", "google_default", "cache", "cloud", "browser")
-                                    or os.path.isfile(value)):
+                                    or value.endswith(".json") or os.path.isfile(value)):  # a method, or a file
                 found += _credential_file_secrets(value)
                 continue
             found.append(value)
-            found += [part.split("=", 1)[1] for part in value.replace("&", ";").split(";")
-                      if part.split("=", 1)[0].strip().lower() in ("accountkey", "sharedaccesssignature", "sig")]
+            for part in value.split(";"):  # a connection string's key or SAS
+                field, _, inner = part.partition("=")
+                if field.strip().lower() in ("accountkey", "sharedaccesssignature"):
+                    found.append(inner)
+            for part in re.split(r"[;&?]", value):  # a SAS's signature, alone or in a connection string
+                field, _, inner = part.partition("=")
+                if field.strip().lower() == "sig":
+                    found.append(inner)
     return found
 
 
 def _credential_file_secrets(path: str) -> list[str]:
-    """The secret fields of a credentials file named as a GCS token (its path is no secret)."""
+    """The secret fields of a credentials file named as a GCS token (its path is no secret; on a
+    worker that lacks the file, nothing)."""
+    if not os.path.isfile(path):
+        return []
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
