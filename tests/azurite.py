@@ -108,8 +108,10 @@ def start_azurite(key: str, workdir: Path, timeout: float = 60.0) -> tuple[subpr
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def azure(tmp_path_factory):
+    """One Azurite per test process, shared by the modules it runs (each test makes its own
+    container and clears the proxy's rules): its start and stop cost a few seconds each."""
     pytest.importorskip("adlfs", reason="the azure extra is not installed (make install)")
     key = base64.b64encode(uuid.uuid4().bytes * 4).decode()
     proc, url = start_azurite(key, tmp_path_factory.mktemp("azurite"))

@@ -176,8 +176,10 @@ class FaultProxy:
             self.guards.append(check)
 
     def hold(self, match: Callable[[Request], bool]) -> threading.Event:
-        """Requests matching are held (never forwarded nor answered) until the returned event is set."""
+        """Requests matching are held (never forwarded nor answered) until the returned event is set;
+        ``held`` is set again only by one of them."""
         release = threading.Event()
+        self.held.clear()
         with self._lock:
             self.rules.append(Rule(match=match, times=10**9, hold=release, action="hold"))
         return release
@@ -190,10 +192,11 @@ class FaultProxy:
             self.rules.clear()
             self.guards.clear()
 
-    def faults(self, action: str) -> int:
-        """How many requests met a fault of ``action`` (or got the made-up status ``action``)."""
+    def faults(self, action: str | int, *, since: int = 0) -> int:
+        """How many requests met a fault of ``action`` (or were answered the status ``action``), of
+        those answered since ``answered[since]`` (a proxy may serve many tests)."""
         with self._lock:
-            return sum(1 for _, status in self.answered if status == action)
+            return sum(1 for _, status in self.answered[since:] if status == action)
 
     # the work
     def _read_body(self, handler: BaseHTTPRequestHandler) -> bytes:

@@ -115,8 +115,10 @@ def start_emulator(timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
             time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gcs():
+    """One emulator per test process, shared by the modules it runs (each test makes its own bucket
+    and clears the proxy's rules): its start and stop cost a second or two each."""
     pytest.importorskip("gcsfs", reason="the gcs extra is not installed (make install)")
     proc, url = start_emulator()
     proxy = FaultProxy("127.0.0.1", int(url.rsplit(":", 1)[1])).start()

@@ -1,7 +1,7 @@
 """One view of the three object stores' emulators behind their fault proxies, for tests that ask the
 same of each (the retry policy, the lease, secrets): moto (S3), gcp-storage-emulator (GCS), Azurite.
 
-    case = store_case(request, "gcs")       # in a test: the module's server, a new bucket
+    case = store_case(request, "gcs")       # in a test: the store's server, a new bucket
     case.url("out")                          gs://bucket-.../out
     case.options(attempts=3)                 storage options through the proxy, the retry policy short
     case.proxy                               the FaultProxy in front of the store
@@ -42,7 +42,8 @@ class StoreCase:
 
 
 def store_case(request, store: str) -> StoreCase:
-    """The store's module-scoped server (its fixture) with a new empty bucket, its proxy cleared."""
+    """The store's server (its fixture: the session's emulator, the module's proxy for S3) with a new empty
+    bucket, its proxy's rules cleared."""
     if store == "s3":
         server = request.getfixturevalue("s3_proxied")
         bucket = server.make_bucket()

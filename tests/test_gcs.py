@@ -135,14 +135,15 @@ def test_throttled_and_failing_requests_are_retried(gcs, cluster, corpus, gpt2, 
     proxy = gcs.proxy
     reads = lambda r: r.method == "GET" and "/o/" in r.path and "alt" in r.query  # noqa: E731
     uploads = lambda r: r.method == "POST" and r.path.startswith("/upload/")  # noqa: E731
+    before = len(proxy.answered)
     proxy.fail(reads, times=3, **GCS_429)
     proxy.fault(reads, "cut", forward=True, times=2)  # a body reset half-way
     proxy.fail(uploads, times=3, **GCS_503)
     proxy.fault(uploads, "reset", forward=True, times=2)  # written, the answer lost: written again
     run_tokenize(config(gcs, cluster, [f"gs://{corpus['bucket']}/fineweb/*.parquet"], f"gs://{out_bucket}/t"),
                  announce=lambda m: None)
-    statuses = [status for _, status in proxy.answered]
-    assert statuses.count(429) == 3 and statuses.count(503) == 3 and proxy.faults("cut") == proxy.faults("reset") == 2
+    assert proxy.faults(429, since=before) == proxy.faults(503, since=before) == 3
+    assert proxy.faults("cut", since=before) == proxy.faults("reset", since=before) == 2
     download(gcs.fs(), f"{out_bucket}/t", tmp_path / "t")
     check_against_tiktoken(tmp_path / "t", corpus["texts"], gpt2)
 
@@ -182,10 +183,11 @@ def test_gcs_refusing_a_precondition_is_a_lost_race(gcs):
     # (A 412 while this run's own record is still there is its own renewal, written by a try whose
     # answer was lost: test_lease.py.)
     gcs.enforce_generations()
+    before = len(gcs.proxy.answered)
     gcs.fs().pipe_file(f"{bucket}/out/.tokenshards-lease.json", b"another run's record")
     with pytest.raises(LeaseLost, match="lost its lease"):
         lease.check()  # a renewal that lost: this run must not commit
-    assert 412 in [status for _, status in gcs.proxy.answered]
+    assert gcs.proxy.faults(412, since=before) == 1
     lease.release()
     assert gcs.fs().cat_file(f"{bucket}/out/.tokenshards-lease.json") == b"another run's record"
 

@@ -147,10 +147,11 @@ def test_every_request_meets_every_failure_and_still_does_its_work(request, kind
     case = store_case(request, kind)
     location = Location.at(case.url("run"), case.options(timeout=0.5))
     location.write_json("obj.json", {"n": 1})
-    faults = [("answer", dict(answer)) for answer in THROTTLED[kind]] + [
-        ("reset", {}), ("reset", {"forward": True}), ("cut", {"forward": True}), ("short", {"forward": True})]
+    every = [("answer", dict(THROTTLED[kind][0])), ("reset", {}), ("reset", {"forward": True}), ("cut", {"forward": True})]
+    reads = [("answer", dict(THROTTLED[kind][1])), ("short", {"forward": True})]  # the other answer, a body closed
     for name, operation, expected in _operations(location):
-        for action, how in faults + ([("stall", {"seconds": 1.0})] if name == "read" else []):
+        for action, how in every + (reads if name in ("read", "missing") else []) + \
+                ([("stall", {"seconds": 1.0})] if name == "read" else []):
             location.fs.invalidate_cache()
             before = len(case.proxy.answered)
             if action == "answer":

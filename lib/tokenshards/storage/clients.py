@@ -95,6 +95,9 @@ def _s3_class():
             self.retry_policy = retry_policy
             super().__init__(*args, **kwargs)
 
+        def __reduce__(self):
+            return _rebuilt, ("s3", None, self.storage_args, self.storage_options)
+
         async def _call_s3(self, method, *akwarglist, **kwargs):
             await self.set_session()
             s3 = await self.get_s3(kwargs.get("Bucket"))
@@ -157,6 +160,9 @@ def _gcs_class(base: type):
         def __init__(self, *args, retry_policy: RetryPolicy, **kwargs):
             self.retry_policy = retry_policy
             super().__init__(*args, **kwargs)
+
+        def __reduce__(self):
+            return _rebuilt, ("gcs", base, self.storage_args, self.storage_options)
 
         async def _request(self, method, path, *args, headers=None, json=None, data=None, cache_type=None,
                            cache_source=None, **kwargs):
@@ -229,6 +235,9 @@ def _azure_class():
             self.retry_policy = retry_policy
             super().__init__(*args, **kwargs)
 
+        def __reduce__(self):
+            return _rebuilt, ("azure", None, self.storage_args, self.storage_options)
+
         def do_connect(self):
             super().do_connect()
             self.service_client = _with_policy(self.service_client, self.retry_policy)
@@ -291,6 +300,11 @@ def _with_policy(client, policy: RetryPolicy):
 
     return BlobServiceClient(account_url=client.url, credential=client.credential, user_agent=USER_AGENT,
                              retry_policy=PolicyRetry(), connection_timeout=policy.timeout, read_timeout=policy.timeout)
+
+
+def _rebuilt(store: str, base: type | None, args: tuple, kwargs: dict):
+    """A pickled filesystem of ours, made again in this process (its class is made per process)."""
+    return _class(store, base)(*args, **kwargs)
 
 
 def _class(store: str, base: type | None) -> type:

@@ -25,7 +25,8 @@ block list. In every case the file appears whole, in one request, or not at all.
 
 Storage options are one mapping for every URL of a run: s3fs's keys go to S3, and the sections
 ``gcs`` and ``azure`` (JSON objects) go to gcsfs and adlfs only, over the plain keys that are not
-s3fs's own (so an S3 input and a GCS output can be given in one command).
+s3fs's own (so an S3 input and a GCS output can be given in one command); the section ``retry`` sets
+the one retry policy (``retry``) that every request to S3, GCS and Azure follows (``clients``).
 
 Every process builds its own filesystem objects from (URL, storage options): the options travel
 in the task graph, never an ``S3FileSystem`` (its event loop and connections belong to one
