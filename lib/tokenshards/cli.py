@@ -140,6 +140,9 @@ def _add_tokenize(sub) -> None:
                    help="rows are conversations: a column of lists of {role, content} (or that list as JSON text), "
                         "rendered through the tokenizer's chat template, with a mask of the assistant's tokens "
                         "(Hugging Face tokenizers with a chat_template; docs/chat.md)")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="with --chat-column: render with the Jinja chat template in FILE instead of the tokenizer's own "
+                        "(e.g. a training template that marks {%% generation %%}, such as TRL's *_training.jinja)")
     p.add_argument("--tools-column", metavar="COLUMN", default="auto",
                    help="with --chat-column: a column of each row's tools (a list of JSON-schema function "
                         "definitions, or that list as JSON text), passed to the chat template as "
@@ -223,7 +226,7 @@ def _run_tokenize(args) -> int:
         boundary=args.boundary,
         id_column=args.id_column, on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite,
         add=args.add, report=args.report, chat_column=args.chat_column, on_bad_row=args.on_bad_row,
-        tools_column=args.tools_column,
+        tools_column=args.tools_column, chat_template=args.chat_template,
         **_corpus_options(args), **_run_options(args),
     )
     return _print_lines(run_tokenize_each(config, announce=_say, started=_process_started()))

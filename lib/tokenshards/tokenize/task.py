@@ -97,6 +97,8 @@ class ChatSettings:
     tools: tuple[str, bool] | None = None
     """The tools column read beside the messages and whether every input must have it
     (``corpus.plan.tools_to_read``), or None."""
+    template: str | None = None
+    """``--chat-template``'s text, rendered with instead of the tokenizer's own; None: its own."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,7 +251,7 @@ def _check_column_kind(column, piece: Piece, settings: TaskSettings) -> None:
 def _chat_batch(column, rows: np.ndarray, piece: Piece, *, settings: TaskSettings, tools=None) -> ChatBatch:
     """The piece's conversations (with their ``tools`` where the input has a tools column)
     tokenized; a malformed row stops the task in one line unless ``--on-bad-row skip``."""
-    chats = tokenize_chats(column.to_pylist(), settings.encoder.chat_template(), dtype=settings.dtype,
+    chats = tokenize_chats(column.to_pylist(), settings.encoder.chat_template(settings.chat.template), dtype=settings.dtype,
                            tools=tools.to_pylist() if tools is not None else None)
     if chats.bad_positions and settings.chat.on_bad_row != "skip":
         raise InputError(bad_row_line(input=piece.input, row=int(rows[chats.bad_positions[0]]),
