@@ -584,3 +584,21 @@ def test_cli_tools_column(chat_run, cluster, folders, tmp_path, capsys):
                  "--tools-column", "tools", "--scheduler", cluster.scheduler_address, "--progress", "none"]) == 2
     err = errors(capsys)
     assert len(err) == 1 and "--tools-column is about chat rows" in err[0], err
+
+
+def test_a_chat_column_of_another_kind_or_missing_is_one_line(chat_run, cluster, folders, tmp_path, capsys):
+    """An int column given as --chat-column says what it must hold; a missing one says no chat
+    column, not 'no text column' (issue 54 item 3)."""
+    pq.write_table(pa.table({"messages": [1, 2], "text": ["a", "b"]}), tmp_path / "ints.parquet")
+    args = ["--encoding", str(folders["qwen3"]), "--scheduler", cluster.scheduler_address, "--progress", "none"]
+    assert main(["tokenize", "--input", str(tmp_path / "ints.parquet"), "--out", str(tmp_path / "a"),
+                 "--chat-column", "messages", *args]) == 2
+    err = errors(capsys)
+    assert len(err) == 1 and "--chat-column 'messages' holds int64; it must hold each row's messages: a list of " \
+        "{role, content} (or that list as JSON text)" in err[0], err
+    assert "string columns" not in err[0]
+    assert main(["tokenize", "--input", str(tmp_path / "ints.parquet"), "--out", str(tmp_path / "b"),
+                 "--chat-column", "conversations", *args]) == 2
+    err = errors(capsys)
+    assert len(err) == 1 and "no chat column 'conversations'; columns are messages, text" in err[0], err
+    assert "--text-column" not in err[0]

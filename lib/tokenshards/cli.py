@@ -483,8 +483,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with ``--debug`` after a subcommand too, and a suggestion for a misspelled option
-    (``--inptu``: did you mean --input?), which Python before 3.14's argparse does not give."""
+    """argparse with ``--debug`` after a subcommand too, a suggestion for a misspelled option
+    (``--inptu``: did you mean --input?), which Python before 3.14's argparse does not give, and its
+    errors in one line like every other (``--seq-len abc``: not argparse's usage, then the line)."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("tokenshards").strip()
+        self.exit(2, f"tokenshards: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)\n")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -330,6 +330,7 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, outs: list[_Output], enc
             announce(note)
         growth = outs[0].growth
         corpus = gather(client, inputs, text_column=config.text_column, id_column=config.id_column,
+                        chat=config.chat_column is not None,
                         storage_options=config.storage_options, partition_bytes=config.partition_bytes,
                         on_bad_file=config.on_bad_file, announce=announce,
                         first_index=growth.first_index if growth is not None else 0)
