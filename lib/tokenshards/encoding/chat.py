@@ -183,7 +183,10 @@ class ChatTemplate:
         self.template = template
         self.marks_generation = bool(GENERATION_RE.search(template))
         self._ctu = ctu
-        self._control_re, _ = ctu._get_control_token_patterns(tokenizer._get_control_tokens(template))
+        control = tokenizer._get_control_tokens(template)
+        self._control_re, _ = ctu._get_control_token_patterns(control)
+        self._could_hold = frozenset(t[0] for t in control if t) | {ctu._CONTROL_TOKEN_START, ctu._CONTROL_TOKEN_END}
+        """A string holding none of these characters holds no control token and no marker."""
         _, self._markers_re = ctu._get_control_token_patterns(tuple(tokenizer.added_tokens_encoder))
         self._newline = tokenizer.encode("\n", add_special_tokens=False)
         backend = tokenizer.backend_tokenizer
@@ -204,8 +207,8 @@ class ChatTemplate:
         gives them, message and tool text as ordinary text) and its assistant mask."""
         if tools is not None and self._for_tools is not None:
             return self._for_tools.encode(messages, tools)
-        marked = self._ctu.mark_control_tokens(messages, self._control_re)
-        marked_tools = self._ctu.mark_control_tokens(tools, self._control_re)
+        marked = self._mark(messages)
+        marked_tools = self._mark(tools)
         try:
             text, spans = self._render(marked, marked_tools, generation=self.marks_generation)
             if not self.marks_generation:
@@ -217,6 +220,20 @@ class ChatTemplate:
         ids, starts, ends = self._encode_marked(text)
         return ChatRow(ids=np.asarray(ids, dtype=np.int64),
                        mask=_mask(starts, ends, spans, whole=not self.marks_generation))
+
+    def _mark(self, obj):
+        """``mark_control_tokens(obj)``, called only on the strings that could hold a control token
+        or a marker: the others it returns as they are (its regex scan was ~5% of a chat row)."""
+        if isinstance(obj, str):
+            could = self._could_hold
+            if not any(c in obj for c in could):
+                return obj
+            return self._ctu.mark_control_tokens(obj, self._control_re)
+        if isinstance(obj, dict):
+            return {key: self._mark(value) for key, value in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self._mark(value) for value in obj]
+        return obj
 
     def _render(self, messages, tools, *, generation: bool, prompt: bool = False) -> tuple[str, list]:
         rendered, indices = self._ctu.render_jinja_template(
