@@ -5,8 +5,8 @@ Rows are documents (``input_ids``), or with ``--seq-len N`` packed sequences of 
 (``input_ids``, ``seq_lengths``: the lengths of the row's segments, its documents then its padding
 as one segment more, so that they cover the row as TRL's padding-free collator and flash-attention's
 cu_seqlens need; the columns asked with ``--columns``; ``labels`` where some token is not a target:
-a chat run's, best-fit's padding). Parquet is not a byte layout tasks can write in pieces, so this format is written
-row group by row group by ``export/packed.py``, never through ``Format.files``.
+a chat run's, best-fit's padding). Parquet is not a byte layout tasks can write in pieces, so this
+format is written row group by row group by ``export/packed.py``, never through ``Format.files``.
 """
 from __future__ import annotations
 
