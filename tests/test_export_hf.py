@@ -45,6 +45,19 @@ def load(path: Path, tmp_path: Path, **kw):
     return datasets.load_dataset(str(path), cache_dir=str(tmp_path / "cache"), **kw)
 
 
+def pieces_of(ids: list[int], lengths: list[int], mask: list[int]) -> list[tuple[int, ...]]:
+    """A packed row's documents (or pieces of documents): its segments (``seq_lengths``) cover its N
+    tokens; where ``attention_mask`` marks padding (0s at the end), the last segment is that padding."""
+    assert sum(lengths) == N and min(lengths) > 0
+    filled = sum(mask)
+    assert mask == [1] * filled + [0] * (N - filled)
+    if filled < N:
+        assert lengths[-1] == N - filled
+        lengths = lengths[:-1]
+    at = np.cumsum([0] + lengths).tolist()
+    return [tuple(ids[a:b]) for a, b in zip(at[:-1], at[1:])]
+
+
 def test_document_rows_load_with_datasets_and_equal_the_run(cluster, run, tmp_path):
     to = export(cluster, run, "docs", format="hf", shard_tokens=5000)
     val, train = run["split"]
@@ -85,13 +98,16 @@ def test_best_fit_shuffled_rows_pad_and_load(cluster, run, tmp_path):
                 columns=("attention_mask",))
     _, train = run["split"]
     ds = load(to, tmp_path, split="train")
+    assert ds.column_names == ["input_ids", "seq_lengths", "attention_mask", "labels"]  # labels: padding is no target
     pieces = []
-    for ids, lengths, mask in zip(ds["input_ids"], ds["seq_lengths"], ds["attention_mask"]):
+    for ids, lengths, mask, labels in zip(ds["input_ids"], ds["seq_lengths"], ds["attention_mask"], ds["labels"]):
+        mine = pieces_of(ids, lengths, mask)
         at = 0
-        for n in lengths:
-            pieces.append(tuple(ids[at:at + n]))
-            at += n
-        assert mask == [1] * at + [0] * (N - at)
+        for piece in mine:
+            assert labels[at:at + len(piece)] == [-100, *piece[1:]]  # no target across a document's start
+            at += len(piece)
+        assert labels[at:] == [-100] * (N - at)  # nor on the padding
+        pieces += mine
     assert sorted(pieces) == sorted(tuple(d[i:i + N]) for d in train for i in range(0, len(d), N))
 
 
@@ -128,6 +144,7 @@ def test_hf_mistakes_are_one_line(cluster, run, tmp_path):
 
 def test_publish_to_the_hub_then_load_the_repo(cluster, run, hub, tmp_path, capsys):  # noqa: F811
     code = main(["export", str(run["out"]), "--format", "hf", "--seq-len", str(N), "--pack", "best-fit",
+                 "--columns", "position_ids,attention_mask",  # attention_mask: where each row's padding is
                  "--to", f"hf://datasets/{REPO}", "--val-tokens", str(VAL), "--create-repo",
                  "--scheduler", cluster.scheduler_address, "--progress", "none"])
     out = capsys.readouterr()
@@ -139,8 +156,8 @@ def test_publish_to_the_hub_then_load_the_repo(cluster, run, hub, tmp_path, caps
     ds = load(snap, tmp_path)
     val, train = run["split"]
     for split, docs in (("train", train), ("validation", val)):
-        got = [tuple(ids[at:at + n]) for ids, lengths in zip(ds[split]["input_ids"], ds[split]["seq_lengths"])
-               for at, n in zip(np.cumsum([0] + lengths[:-1]).tolist(), lengths)]
+        rows = zip(ds[split]["input_ids"], ds[split]["seq_lengths"], ds[split]["attention_mask"])
+        got = [piece for ids, lengths, mask in rows for piece in pieces_of(ids, lengths, mask)]
         assert sorted(got) == sorted(tuple(d[i:i + N]) for d in docs for i in range(0, len(d), N))
 
 
