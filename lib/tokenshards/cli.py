@@ -367,8 +367,8 @@ def _add_export(sub) -> None:
     p.add_argument("--tokens", type=_token_count, metavar="N",
                    help="train tokens of the mixture, e.g. 10B (default: the most that repeats no run)")
     p.add_argument("--seq-len", type=int, metavar="N",
-                   help=f"{' and '.join(formats.PACKED)}: rows of N tokens with each row's document lengths (seq_lengths) "
-                        f"and position ids that restart at each document; {' and '.join(formats.PACKED_IN_TRAINER_FILES)}: "
+                   help=f"{' and '.join(formats.PACKED)}: rows of N tokens with each row's segment lengths (seq_lengths: its "
+                        f"documents, then its padding) and position ids that restart at each segment; {' and '.join(formats.PACKED_IN_TRAINER_FILES)}: "
                         "rows of N tokens in the trainer's own files, its reader finding the documents")
     p.add_argument("--pack", choices=["concat", "best-fit"],
                    help="with --seq-len: concat cuts the stream into N-token windows (default; only the tail is left "
