@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 from distributed import Client
 
+from .. import crashpoints
 from ..cluster import interrupt, machines, runner
 from ..cluster.progress import Progress
 from ..errors import UserError
@@ -236,6 +237,7 @@ def write_files(client: Client, files, streams: Streams, *, submit: Callable, de
         for f in files:
             interrupt.check()
             commit_target(dest.fs, targets.pop(f.name), etags[f.name])
+            crashpoints.reached(crashpoints.EXPORT_FILE, f.name)
     except BaseException:
         for target in targets.values():
             abort_target(dest.fs, target)
@@ -249,6 +251,7 @@ def finish(config: ExportConfig, *, record: ExportRecord, files: list[OutFile], 
     what was written."""
     lease.check()  # an export that stalled past its lease must not write its record over a successor's files
     lease.location.write_json(config.fmt.record_name(config.name_prefix), record.to_dict())
+    crashpoints.reached(crashpoints.EXPORT_RECORD)
     notes = [*notes, *config.fmt.notes(files, plan)]
     if plan.mask and not any(isinstance(r, MaskRun) for f in files for r in f.regions):
         notes.append(f"this chat run's assistant mask has no place in {config.format}: its trainer takes the loss on "

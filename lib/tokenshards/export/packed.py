@@ -29,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import crashpoints
 from ..cluster import runner
 from ..cluster.progress import Progress
 from ..errors import UserError
@@ -560,6 +561,7 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
     for path, tmp in sorted(written):
         if tmp:
             os.replace(tmp, path)
+        crashpoints.reached(crashpoints.EXPORT_FILE, posixpath.basename(path))
     rel = sorted((posixpath.relpath(p, dest.root) if dest.is_local else p[len(dest.root.rstrip("/")) + 1:],
                   carried.get(p, 0)) for p, _ in written)
     return _finish(config, runs, per_run, got, rel, spec=spec, columns=columns, dtype=dtype, seed=seed,
@@ -620,7 +622,9 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
     lease.check()
     if config.format == "hf":
         dest.write_atomic("README.md", hf.local_card(record).encode())
+        crashpoints.reached(crashpoints.EXPORT_CARD)
     dest.write_json(config.fmt.record_name(config.name_prefix), record.to_dict())
+    crashpoints.reached(crashpoints.EXPORT_RECORD)
     return ExportSummary(to=config.to, files=[name for name, _ in files], val_docs=splits["val"].docs,
                          val_tokens=splits["val"].tokens, train_docs=splits["train"].docs,
                          train_tokens=splits["train"].tokens, seconds=time.perf_counter() - t0, notes=tuple(notes))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import dask
 from distributed import Client, performance_report
 
+from .. import crashpoints
 from ..cluster import interrupt, machines, runner
 from ..format import v1 as manifest
 from ..format.v1 import PartitionEntry
@@ -449,6 +450,7 @@ def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
     if o.growth is not None:
         result = o.growth.manifest(result, planned=o.growth.first_index + len(corpus.pieces))
     manifest.write_manifest(o.location, result)
+    crashpoints.reached(crashpoints.MANIFEST)
     totals = result.totals
     kept = len(o.growth.kept.partitions) if o.growth is not None else 0  # a growth's summary counts the whole run
     return Summary(out=o.config.out, partitions=kept + len(corpus.pieces), skipped_partitions=kept + len(o.committed),

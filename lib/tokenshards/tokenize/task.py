@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from dask.sizeof import sizeof
 from distributed.protocol import dask_deserialize, dask_serialize
 
+from .. import crashpoints
 from ..corpus.plan import Piece, is_chat_type
 from ..corpus.read import (READ_AT, frame_of, keep_columns, kept_columns, piece_columns, piece_tools, read_piece,
                            unreadable_reason, utf8_or_null)
@@ -222,14 +223,18 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
                                        bad_rows=chats.bad if chats is not None else None,
                                        bad_row_numbers=all_rows[list(chats.bad_positions)].tolist() if chats else ())
             write_atomic(fs, join(root, files.entry.docs_file), files.docs)
+            crashpoints.reached(crashpoints.DOCS, piece.index)
             if mask_bytes is not None:  # committed with the tokens: the done record below names it
                 write_atomic(fs, join(root, files.entry.mask_file), mask_bytes)
+                crashpoints.reached(crashpoints.MASK, piece.index)
         except BaseException:
             tokens.abort()
             raise
         tokens.finish()
+        crashpoints.reached(crashpoints.TOKENS, piece.index)
         # Its presence is what commits the partition: it goes only once both data files are whole.
         write_atomic(fs, join(root, v1.done_file(piece.index)), v1.DoneRecord(entry=files.entry, job=each.job).to_bytes())
+        crashpoints.reached(crashpoints.DONE, piece.index)
         results.append(TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time()))
     return results
 
