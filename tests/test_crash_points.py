@@ -34,6 +34,8 @@ from distributed import Client
 
 from tokenshards import crashpoints
 from tokenshards.errors import UserError
+from tokenshards.storage.lease import DEFAULT_TTL, LEASE_FILE, Lease, LeaseLost
+from tokenshards.storage.location import Location
 from tokenshards.tokenize.command import run_tokenize
 from tokenshards.tokenize.config import TokenizeConfig
 
@@ -347,3 +349,29 @@ def killed_at(spec: str, *, corpus: Path, out: LocalStore, cluster) -> None:
     left = sorted(p.name for p in docs.parent.glob(f"part-{int(key):05d}.*"))
     assert len(left) > 1 and left[0] == docs.name and all(
         re.fullmatch(rf"part-{int(key):05d}\.tokens\.npy\.\w+\.tmp", name) for name in left[1:]), left
+
+
+# -- the lease ---------------------------------------------------------------------------------------
+def taken_over(url: str, options: dict):
+    """A crash point's action: a successor takes OUT's lease over, as it may once this run's has
+    expired (its clock past the expiry rather than a two-minute wait)."""
+    def act(point, key):
+        Lease(Location.at(url, options), command="tokenize", clock=lambda: time.time() + 3 * DEFAULT_TTL).acquire()
+
+    return act
+
+
+@pytest.mark.parametrize("store, point, committed_before", [("local", crashpoints.TOKENS, False),
+                                                              ("s3", crashpoints.TOKENS, False),
+                                                              ("local", crashpoints.DONE, True)], indirect=["store"])
+def test_a_run_whose_lease_was_taken_over_commits_nothing_more(point, committed_before, store, corpus, cluster, client):
+    """The lease is taken over mid-run, on the worker that writes the run's one partition: after
+    its data files (the worker looks again before the done record) or after its done record (the
+    client looks again before the manifest, as it does on every store: ``Lease.check``). Nothing
+    is committed after the takeover, and the successor's lease stays in place."""
+    options = storage_options(store)
+    with armed(client, f"{point}@0", taken_over(store.url, options)), pytest.raises(LeaseLost):
+        tokenize(corpus, store.url, cluster, storage_options=options, partition_bytes=10**9)
+    assert sorted(committed(store)) == ([0] if committed_before else [])
+    assert not store.exists("manifest.json")
+    assert json.loads(store.read(LEASE_FILE))["renewed"] > time.time() + DEFAULT_TTL  # the successor's, still there

@@ -433,7 +433,7 @@ def _task_settings(client: Client, o: _Output, config: TokenizeConfig) -> TaskSe
     return TaskSettings(out=o.config.out, storage_options=config.storage_options, encoder=plugin.ref,
                         dtype=o.loaded.dtype, boundaries=o.boundaries, job=o.parts_job,
                         text_column=config.text_column, on_bad_file=config.on_bad_file,
-                        backend=backend_version("transformers" if o.chat is not None else o.backend),
+                        backend=backend_version("transformers" if o.chat is not None else o.backend), lease=o.lease.record.run,
                         chat=ChatSettings(on_bad_row=config.on_bad_row, tools=config.tools_to_read)
                         if o.chat is not None else None)
 
