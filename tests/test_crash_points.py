@@ -34,6 +34,7 @@ from distributed import Client
 
 from tokenshards import crashpoints
 from tokenshards.errors import UserError
+from tokenshards.export import ExportConfig, run_export
 from tokenshards.storage.lease import DEFAULT_TTL, LEASE_FILE, Lease, LeaseLost
 from tokenshards.storage.location import Location
 from tokenshards.tokenize.command import run_tokenize
@@ -375,3 +376,69 @@ def test_a_run_whose_lease_was_taken_over_commits_nothing_more(point, committed_
     assert sorted(committed(store)) == ([0] if committed_before else [])
     assert not store.exists("manifest.json")
     assert json.loads(store.read(LEASE_FILE))["renewed"] > time.time() + DEFAULT_TTL  # the successor's, still there
+
+
+# -- export ----------------------------------------------------------------------------------------
+EXPORTS = {
+    "npy": (dict(format="npy", val_tokens=200, shard_tokens=700),
+            (Stop(crashpoints.EXPORT_FILE, False, kill=True), Stop(crashpoints.EXPORT_RECORD, True))),
+    "hf": (dict(format="hf", val_tokens=200, shard_tokens=700, seq_len=64),
+           (Stop(crashpoints.EXPORT_FILE, False), Stop(crashpoints.EXPORT_CARD, False),
+            Stop(crashpoints.EXPORT_RECORD, True))),
+}
+"""An export of each writer (files in byte ranges, ``common``; rows, ``packed``) and its points in
+order (``committed``: the export is finished once stopped there)."""
+NOTE = ".fineweb_export.json.unfinished"
+"""What an export leaves in DEST while it commits its files (``export.common.begin_commits``)."""
+
+
+def export(run: Path, to: Path, cluster, *, announce=lambda msg: None, **options):
+    return run_export(ExportConfig(out=str(run), to=str(to), scheduler=cluster.scheduler_address, progress="none",
+                                   **options), announce=announce)
+
+
+@pytest.fixture(scope="module")
+def run(clean, tmp_path_factory) -> Path:
+    """The clean run, as a folder to export."""
+    out = tmp_path_factory.mktemp("crash-run")
+    for name, data in clean.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    return out
+
+
+@pytest.mark.parametrize("kind", EXPORTS)
+def test_an_export_stopped_at_each_point_is_finished_whole_or_finished_by_the_same_command(kind, run, cluster, tmp_path):
+    """Stopped after one of its files (the npy export's client SIGKILLed there, its CLI on the session
+    cluster), or after hf's card: no record, the files there whole, listed in the note as the
+    export's own, and the same command again (no --overwrite) ends with what an uninterrupted
+    export writes. Stopped after the record: the export is finished, and exactly so."""
+    options, stops = EXPORTS[kind]
+    export(run, tmp_path / "clean", cluster, **options)
+    want = LocalStore(tmp_path / "clean").files()
+    record = json.loads(want["fineweb_export.json"])
+    assert len(record["files"]) > 2
+    for stop in stops:
+        to = tmp_path / stop.point
+        if stop.kill:
+            flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()]
+            proc = subprocess.run([TOKENSHARDS, "export", str(run), "--to", str(to), *flags, "--progress", "none",
+                                   "--scheduler", cluster.scheduler_address], capture_output=True, text=True, timeout=300,
+                                  env={**os.environ, crashpoints.ENVIRONMENT: f"{stop.point}=kill"})
+            assert proc.returncode == -signal.SIGKILL, proc.stderr
+        else:
+            with armed(None, stop.point), pytest.raises(OSError, match=f"crash point {stop.point}"):
+                export(run, to, cluster, **options)
+        left = {name: data for name, data in LocalStore(to).files().items() if name != LEASE_FILE}  # a killed one's
+        assert ("fineweb_export.json" in left) == stop.committed
+        if stop.committed:
+            assert left == want
+            continue
+        note = json.loads(left.pop(NOTE))  # what the export was committing: its files, whole or not there
+        assert set(note["files"]) == {f["name"] for f in record["files"]} and "fineweb_export.json" not in left
+        whole = {name: data for name, data in left.items() if not name.endswith(".tmp")}  # temporaries: never taken
+        assert whole and all(data == want[name] for name, data in whole.items())
+        notes = []
+        export(run, to, cluster, announce=notes.append, **options)  # the same command: no --overwrite
+        assert LocalStore(to).files() == want
+        assert any("took over the stale lease" in n for n in notes) == stop.kill, notes

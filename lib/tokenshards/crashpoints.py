@@ -47,7 +47,8 @@ EXPORT_FILE = "export.file"
 EXPORT_CARD = "export.card"
 """An hf export's dataset card (README.md) is written, before its record."""
 EXPORT_RECORD = "export.record"
-"""The export record is written: the export is finished."""
+"""The export record is written (and the note that listed its files while they were committed,
+``export.common.begin_commits``, is gone): the export is finished."""
 
 POINTS = (TOKENS, DOCS, MASK, DONE, MANIFEST, EXPORT_FILE, EXPORT_CARD, EXPORT_RECORD)
 ACTIONS = ("fail", "kill")

@@ -38,7 +38,7 @@ from ..storage.location import Location
 from ..storage.store import temporary_beside
 from ..wording import counted
 from . import mix, order
-from .common import ExportSummary, export_record, prepare_dest, paths_used, split_validation
+from .common import ExportSummary, begin_commits, end_commits, export_record, prepare_dest, paths_used, split_validation
 from .formats import base as format_base
 from .formats import PACKED_IN_TRAINER_FILES, hf, megatron, olmo
 from .formats.megatron import packed_index
@@ -558,6 +558,7 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
         carried[dest.join(main)] = tokens  # side files: none
         got[task.split][0] += rows
         got[task.split][1] += tokens
+    begin_commits(dest, config, [path for path, _ in written])
     for path, tmp in sorted(written):
         if tmp:
             os.replace(tmp, path)
@@ -624,6 +625,7 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
         dest.write_atomic("README.md", hf.local_card(record).encode())
         crashpoints.reached(crashpoints.EXPORT_CARD)
     dest.write_json(config.fmt.record_name(config.name_prefix), record.to_dict())
+    end_commits(dest, config)
     crashpoints.reached(crashpoints.EXPORT_RECORD)
     return ExportSummary(to=config.to, files=[name for name, _ in files], val_docs=splits["val"].docs,
                          val_tokens=splits["val"].tokens, train_docs=splits["train"].docs,
