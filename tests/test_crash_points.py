@@ -2,13 +2,18 @@
 right after each of its commits leaves only what is committed whole or what the next run
 ignores, and the rerun ends byte-identical to an uninterrupted run without redoing committed work.
 
-Each point is failed there (``fail``: the write path raises, its error handling runs) on the
-session cluster, its workers armed through ``client.run``, locally and on S3 (moto); one point of
-each kind is killed for real (SIGKILL of the worker, of the client). What is on disk after the
-stop is judged from the files alone (sha256, the docs table's own counts), never through the
-reader under test; committed files keep their identity across the rerun (inode and mtime_ns
-locally, the object's version id on a versioned S3 bucket), so "never redo committed work" is
-asserted rather than inferred from equal bytes.
+Tokenize: one run stopped at each point in turn, locally and on S3 (moto), each rerun resuming
+what the last left; a chat run at its mask file too. Points are failed there (``fail``: the write
+path raises, its error handling runs) on the session cluster, its workers armed through
+``client.run``; locally one worker point and the client's point are real kills (SIGKILL of the
+worker and its machine, of the client). A lease taken over mid-run: nothing is committed after it.
+Export: an npy export (files in byte ranges, its first stop a real kill) and an hf one (rows)
+stopped after a file, the card, the record; the same command finishes an unfinished one.
+
+What is on disk after a stop is judged from the files alone (sha256, the docs table's own counts),
+never through the reader under test; committed files keep their identity across the rerun (inode
+and mtime_ns locally, the object's version id on a versioned S3 bucket), so "never redo committed
+work" is asserted rather than inferred from equal bytes.
 """
 from __future__ import annotations
 
@@ -346,10 +351,12 @@ def killed_at(spec: str, *, corpus: Path, out: LocalStore, cluster) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    # Its tokens file was on its way: half-written, under a temporary name no run takes for it.
+    # Its tokens file was on its way: half-written, under a temporary name no run takes for it (a
+    # retry on the restarted worker, killed with the group, may have left more).
     left = sorted(p.name for p in docs.parent.glob(f"part-{int(key):05d}.*"))
-    assert len(left) > 1 and left[0] == docs.name and all(
-        re.fullmatch(rf"part-{int(key):05d}\.tokens\.npy\.\w+\.tmp", name) for name in left[1:]), left
+    temporary = rf"part-{int(key):05d}\.(tokens\.npy|docs\.parquet)\.\w+\.tmp"
+    assert docs.name in left and any(".tokens.npy." in name for name in left), left
+    assert all(re.fullmatch(temporary, name) for name in left if name != docs.name), left
 
 
 # -- the lease ---------------------------------------------------------------------------------------
