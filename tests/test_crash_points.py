@@ -48,12 +48,12 @@ from tokenshards.tokenize.config import TokenizeConfig
 TOKENSHARDS = str(Path(sys.executable).with_name("tokenshards"))
 WORDS = "the cat sat on a mat; Straße naïve café 東京 🙂 <|endoftext|> 1234567 tab\there".split(" ")
 PARTITION_BYTES = 2_000
-PARTITIONS = 4
+PARTITIONS = 3
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """Four small partitions (one per row group) of one file."""
+    """Three small partitions (one per row group) of one file."""
     rng = random.Random(55)
     root = tmp_path_factory.mktemp("crash-corpus")
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 60))) for _ in range(30 * PARTITIONS)]
