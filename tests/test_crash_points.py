@@ -257,6 +257,27 @@ def settle(client: Client, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+def test_a_point_fires_once_where_armed_and_a_mistyped_one_is_refused():
+    try:
+        crashpoints.arm(f"{crashpoints.DONE}@3=fail, {crashpoints.EXPORT_RECORD}=kill")  # the environment's form
+        crashpoints.reached(crashpoints.DONE, 2)  # another partition
+        crashpoints.reached(crashpoints.TOKENS, 3)  # another point
+        with pytest.raises(crashpoints.CrashPointFailure, match="crash point tokenize.done@3"):
+            crashpoints.reached(crashpoints.DONE, 3)
+        crashpoints.reached(crashpoints.DONE, 3)  # once
+        seen = []
+        crashpoints.arm(crashpoints.MANIFEST, lambda point, key: seen.append((point, key)))
+        crashpoints.reached(crashpoints.MANIFEST)
+        assert seen == [(crashpoints.MANIFEST, None)]
+    finally:
+        crashpoints.disarm()
+    crashpoints.reached(crashpoints.EXPORT_RECORD)  # disarmed: the kill is gone
+    for spec in ("tokenize.nowhere=fail", "tokenize.done", "tokenize.done=explode"):
+        with pytest.raises(ValueError):
+            crashpoints.arm(spec)
+    assert not crashpoints._armed
+
+
 # -- tokenize ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Stop:

@@ -18,7 +18,7 @@ two ways (test hooks, nothing else):
   run, and the local workers it forks, which inherit its environment).
 
 ``POINT@KEY`` fires only where ``reached`` is given that key (a partition's index, an export
-file's name); ``POINT`` alone fires at the first one. An armed point fires once per process.
+file's name as its record lists it); ``POINT`` alone fires at the first one. An armed point fires once per process.
 Actions: ``fail`` raises ``CrashPointFailure`` (an ``OSError``, as a storage error would be),
 ``kill`` SIGKILLs this process (a worker or a client lost at that moment); in-process tests may
 arm a callable, called with the point and key.
@@ -103,11 +103,6 @@ def arm(spec: str, action: str | Callable | None = None) -> None:
 def disarm() -> None:
     """Every point unarmed in this process. A test hook."""
     _armed.clear()
-
-
-def armed() -> list[str]:
-    """The points armed in this process, as ``POINT[@KEY]``."""
-    return [point + ("" if key is None else f"@{key}") for point, keyed in _armed.items() for key in keyed]
 
 
 def _split(spec: str) -> tuple[str, str | None]:

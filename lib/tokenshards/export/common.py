@@ -115,7 +115,7 @@ def prepare_dest(dest: Location, config: ExportConfig) -> None:
         patterns += earlier_format_patterns(dest, config)
     found = sorted({p for pattern in patterns for p in dest.glob(pattern)})
     unfinished = unfinished_files(dest, config)
-    killed = unfinished is not None and {_relative(dest, p) for p in found} <= unfinished - {record_of(config)}
+    killed = unfinished is not None and {in_dest(dest, p) for p in found} <= unfinished - {record_of(config)}
     if found and not (config.overwrite or killed):
         names = ", ".join(posixpath.basename(p) for p in found[:3]) + (" ..." if len(found) > 3 else "")
         raise UserError(f"{config.to} already holds an export ({names}); choose another --to or pass --overwrite to replace it")
@@ -155,7 +155,7 @@ def begin_commits(dest: Location, config: ExportConfig, names: list[str]) -> Non
     an export stopped between two commits leaves some without a record, and its rerun, finding
     them listed here, knows they are that export's own, unfinished: it replaces them without
     --overwrite, where files it cannot vouch for (another tool's, a finished export's) are refused."""
-    dest.write_json(unfinished_name(config), {"files": sorted(_relative(dest, name) for name in names)})
+    dest.write_json(unfinished_name(config), {"files": sorted(in_dest(dest, name) for name in names)})
 
 
 def end_commits(dest: Location, config: ExportConfig) -> None:
@@ -185,8 +185,9 @@ UNFINISHED_MAX_BYTES = 1 << 24
 """A note lists file names: far less than this, even for 100,000 shards."""
 
 
-def _relative(dest: Location, path: str) -> str:
-    """A path under DEST (as ``fs`` names it) relative to it; a relative one as it is."""
+def in_dest(dest: Location, path: str) -> str:
+    """A path under DEST (as ``fs`` names it) relative to it, as the record names files; a
+    relative one as it is."""
     root = dest.root.rstrip("/") + "/"
     return path[len(root):] if path.startswith(root) else path
 

@@ -38,7 +38,8 @@ from ..storage.location import Location
 from ..storage.store import temporary_beside
 from ..wording import counted
 from . import mix, order
-from .common import ExportSummary, begin_commits, end_commits, export_record, prepare_dest, paths_used, split_validation
+from .common import (ExportSummary, begin_commits, end_commits, export_record, in_dest, prepare_dest, paths_used,
+                     split_validation)
 from .formats import base as format_base
 from .formats import PACKED_IN_TRAINER_FILES, hf, megatron, olmo
 from .formats.megatron import packed_index
@@ -562,7 +563,7 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
     for path, tmp in sorted(written):
         if tmp:
             os.replace(tmp, path)
-        crashpoints.reached(crashpoints.EXPORT_FILE, posixpath.basename(path))
+        crashpoints.reached(crashpoints.EXPORT_FILE, in_dest(dest, path))
     rel = sorted((posixpath.relpath(p, dest.root) if dest.is_local else p[len(dest.root.rstrip("/")) + 1:],
                   carried.get(p, 0)) for p, _ in written)
     return _finish(config, runs, per_run, got, rel, spec=spec, columns=columns, dtype=dtype, seed=seed,
