@@ -9,6 +9,8 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from huggingface_hub import snapshot_download
@@ -121,14 +123,29 @@ def test_shuffled_document_rows_are_a_permutation(cluster, run, tmp_path):
     assert all((again / p.relative_to(to)).read_bytes() == p.read_bytes() for p in to.rglob("*.parquet"))
 
 
-def test_row_groups_are_bounded(cluster, run):
-    """A shard is written row group by row group; each holds at most ~ROW_GROUP_TOKENS tokens."""
+def test_row_groups_are_bounded(cluster, tmp_path):
+    """A shard is written row group by row group; each holds at most ~ROW_GROUP_TOKENS tokens (a
+    row longer than that alone). The run holds 1.1 M tokens in one train shard, past the bound, so a
+    shard written as one row group fails (the module's run, ~15,000 tokens, never reached it)."""
     from tokenshards.export.packed import ROW_GROUP_TOKENS
 
-    to = export(cluster, run, "groups", format="hf", seq_len=N)
-    for p in to.rglob("*.parquet"):
-        meta = pq.ParquetFile(p).metadata
-        assert all(meta.row_group(g).num_rows * N <= max(ROW_GROUP_TOKENS, N) for g in range(meta.num_row_groups))
+    rng = np.random.default_rng(5)
+    words = np.array("the cat sat on a mat while dogs ran far away into green hills".split())
+    texts = [" ".join(rng.choice(words, 100_000)) for _ in range(11)]  # 100,000 gpt2 tokens each, one per word
+    pq.write_table(pa.table({"text": texts}), tmp_path / "big.parquet", row_group_size=1)
+    out = tokenize_to(cluster, tmp_path, tmp_path / "out")
+    tokens = json.loads((out / "manifest.json").read_text())["totals"]["tokens"]
+    assert tokens > ROW_GROUP_TOKENS
+    for seq_len in (N, None):  # packed rows, document rows
+        to = tmp_path / f"hf-{seq_len}"
+        run_export(ExportConfig(out=str(out), to=str(to), format="hf", seq_len=seq_len, val_tokens=0,
+                                scheduler=cluster.scheduler_address, progress="none"), announce=lambda m: None)
+        [shard] = to.rglob("*.parquet")
+        parquet = pq.ParquetFile(shard)
+        for g in range(parquet.metadata.num_row_groups):
+            lengths = pc.list_value_length(parquet.read_row_group(g, columns=["input_ids"])["input_ids"]).to_numpy()
+            assert lengths.sum() <= max(ROW_GROUP_TOKENS, lengths.max()), (seq_len, g, lengths.sum())
+        assert parquet.metadata.num_row_groups >= 2
 
 
 def test_hf_mistakes_are_one_line(cluster, run, tmp_path):

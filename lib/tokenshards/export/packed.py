@@ -29,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import crashpoints
 from ..cluster import runner
 from ..cluster.progress import Progress
 from ..errors import UserError
@@ -37,7 +38,8 @@ from ..storage.location import Location
 from ..storage.store import temporary_beside
 from ..wording import counted
 from . import mix, order
-from .common import ExportSummary, export_record, prepare_dest, paths_used, split_validation
+from .common import (ExportSummary, begin_commits, end_commits, export_record, in_dest, prepare_dest, paths_used,
+                     split_validation)
 from .formats import base as format_base
 from .formats import PACKED_IN_TRAINER_FILES, hf, megatron, olmo
 from .formats.megatron import packed_index
@@ -568,9 +570,11 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
         carried[dest.join(main)] = tokens  # side files: none
         got[task.split][0] += rows
         got[task.split][1] += tokens
+    begin_commits(dest, config, [path for path, _ in written])
     for path, tmp in sorted(written):
         if tmp:
             os.replace(tmp, path)
+        crashpoints.reached(crashpoints.EXPORT_FILE, in_dest(dest, path))
     rel = sorted((posixpath.relpath(p, dest.root) if dest.is_local else p[len(dest.root.rstrip("/")) + 1:],
                   carried.get(p, 0)) for p, _ in written)
     return _finish(config, runs, per_run, got, rel, spec=spec, columns=columns, dtype=dtype, seed=seed,
@@ -633,7 +637,10 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
     lease.check()
     if config.format == "hf":
         dest.write_atomic("README.md", hf.local_card(record).encode())
+        crashpoints.reached(crashpoints.EXPORT_CARD)
     dest.write_json(config.fmt.record_name(config.name_prefix), record.to_dict())
+    end_commits(dest, config)
+    crashpoints.reached(crashpoints.EXPORT_RECORD)
     return ExportSummary(to=config.to, files=[name for name, _ in files], val_docs=splits["val"].docs,
                          val_tokens=splits["val"].tokens, train_docs=splits["train"].docs,
                          train_tokens=splits["train"].tokens, seconds=time.perf_counter() - t0, notes=tuple(notes))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import dask
 from distributed import Client, performance_report
 
+from .. import crashpoints
 from ..cluster import interrupt, machines, runner
 from ..format import v1 as manifest
 from ..format.v1 import PartitionEntry
@@ -437,7 +438,7 @@ def _task_settings(client: Client, o: _Output, config: TokenizeConfig) -> TaskSe
     return TaskSettings(out=o.config.out, storage_options=config.storage_options, encoder=plugin.ref,
                         dtype=o.loaded.dtype, boundaries=o.boundaries, job=o.parts_job,
                         text_column=config.text_column, on_bad_file=config.on_bad_file,
-                        backend=backend_version("transformers" if o.chat is not None else o.backend),
+                        backend=backend_version("transformers" if o.chat is not None else o.backend), lease=o.lease.record.run,
                         chat=ChatSettings(on_bad_row=config.on_bad_row, tools=config.tools_to_read,
                                           template=o.chat.get("template")) if o.chat is not None else None)
 
@@ -454,6 +455,7 @@ def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
     if o.growth is not None:
         result = o.growth.manifest(result, planned=o.growth.first_index + len(corpus.pieces))
     manifest.write_manifest(o.location, result)
+    crashpoints.reached(crashpoints.MANIFEST)
     totals = result.totals
     kept = len(o.growth.kept.partitions) if o.growth is not None else 0  # a growth's summary counts the whole run
     return Summary(out=o.config.out, partitions=kept + len(corpus.pieces), skipped_partitions=kept + len(o.committed),
