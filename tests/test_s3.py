@@ -293,8 +293,9 @@ def test_a_worker_without_credentials_is_a_one_line_error(s3, cluster, corpus, m
     config = TokenizeConfig(inputs=(f"s3://{corpus['bucket']}/fineweb/a.parquet",), out=f"s3://{corpus['bucket']}/nocreds",
                             scheduler=cluster.scheduler_address, progress="none",
                             storage_options={"client_kwargs": {"endpoint_url": s3.endpoint_url, "region_name": REGION}})
-    with pytest.raises(UserError, match=rf"^s3://{corpus['bucket']}/fineweb/a\.parquet: a worker could not read it "
-                                        r"\(NoCredentialsError: .*\); check that every worker has credentials"):
+    with pytest.raises(UserError, match=rf"^cannot read s3://{corpus['bucket']}/fineweb/a\.parquet: no AWS credentials "
+                                        r"found on the machine that read it \(on a cluster, check that every worker "
+                                        r"has credentials\); .* \(NoCredentialsError: "):
         run_tokenize(config)
 
 

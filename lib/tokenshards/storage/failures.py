@@ -62,8 +62,9 @@ def storage_error(e: BaseException, url: str, *, what: str, fs: fsspec.AbstractF
     elif isinstance(e, FileNotFoundError):
         hint = "not found"
     elif name == "NoCredentialsError":
-        hint = ("no AWS credentials found; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, "
-                "or pass --storage-option anon=true for a public bucket")
+        hint = ("no AWS credentials found on the machine that read it (on a cluster, check that every worker has "
+                "credentials); set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or pass --storage-option "
+                "anon=true for a public bucket")
     elif name == "TransportError" and fs is not None:  # google-auth: the token endpoint, not the store, failed
         hint = (f"cannot get an access token for the credentials sent, {credential_sent(fs)}: their token endpoint "
                 f"did not answer ({_tries(fs)}); check the network, and the token_uri of the credentials file")

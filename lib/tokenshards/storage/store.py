@@ -330,8 +330,8 @@ def file_identity(fs: fsspec.AbstractFileSystem, path: str) -> tuple[tuple[str, 
     except FileNotFoundError:
         raise
     except Exception as e:  # a refusal, a failure the retry policy gave up on: one line, whoever asked
-        if not is_object_store(fs) or type(e).__name__ == "NoCredentialsError":
-            raise  # none found on this machine: a worker's is said as such by whoever sent it the task
+        if not is_object_store(fs):
+            raise
         raise storage_error(e, display_url(fs, path), what="cannot read", fs=fs) from e
     found = [("size", info.get("size"))]
     found += [(k, str(info[k])) for k in IDENTITY_KEYS if info.get(k) not in (None, "")]
