@@ -25,7 +25,7 @@ from ..format.export_record import ORDERED
 from ..storage.location import Location
 from ..storage.store import file_identity
 from . import valsplit
-from .common import (ExportSummary, check_destination, dest_lease, export_record, finish, paths_used, prepare_dest, split_counts,
+from .common import (ExportSummary, check_destination, check_sources, dest_lease, export_record, finish, paths_used, prepare_dest, split_counts,
                      val_candidates, write_files, written_files)
 from .config import DEFAULT_CHUNK_BYTES, DEFAULT_SHARD_TOKENS, DEFAULT_VAL_TOKENS, ExportConfig
 from .layout import Chunk, Streams
@@ -128,13 +128,14 @@ def _export_owned(config: ExportConfig, run: v1.FinishedRun, lease: Lease, *, t0
                         f"{config.out}; pass a smaller --val-tokens (or 0 for no validation set)")
     ordinal = {i.path: n for n, i in enumerate(manifest.input_records)}
     parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
-    source = Source(out=run.location, dtype=manifest.encoding.dtype)
+    source = Source(out=run.location, dtype=manifest.encoding.dtype, n_vocab=manifest.encoding.n_vocab)
 
     dest = lease.location
     kind = target_kind(dest.fs)
     prepare_dest(dest, config)
 
     with runner.connect_to(config, announce=announce, local_paths=paths_used(config, [(run.location, manifest)])) as client:
+        announce(check_sources(client, [(source, parts)]))  # before a byte is written
         threshold = None
         val_docs = np.zeros(len(entries), dtype=np.int64)
         val_tokens = np.zeros(len(entries), dtype=np.int64)

@@ -304,7 +304,7 @@ def open_runs(config) -> list[Run]:
         entries = manifest.by_index()
         ordinal = {x.path: n for n, x in enumerate(manifest.input_records)}
         parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
-        source = Source(out=location, dtype=manifest.encoding.dtype)
+        source = Source(out=location, dtype=manifest.encoding.dtype, n_vocab=manifest.encoding.n_vocab)
         runs.append(Run(index=i, path=path, manifest=manifest, source=source, parts=parts))
     first = runs[0]
     for run in runs[1:]:
@@ -367,7 +367,7 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
 
     with runner.connect_to(config, announce=announce,
                            local_paths=paths_used(config, [(r.source.out, r.manifest) for r in runs])) as client:
-        thresholds = split_validation(client, runs, val_split)
+        thresholds = split_validation(client, runs, val_split, announce=announce)
         val = [(sum(p.val_docs for p in r.parts), sum(p.val_tokens for p in r.parts)) for r in runs]
         available = [size - vt for size, (_, vt) in zip(sizes, val)]
         docs = [sum(p.entry.docs - p.val_docs for p in r.parts) for r in runs]

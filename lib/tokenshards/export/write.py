@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError
+from ..format import run as run_files
 from ..format.reader import PartitionFiles
 from ..format.v1 import PartitionEntry
 from ..storage.location import Location
@@ -36,6 +37,8 @@ class Source:
 
     out: Location
     dtype: str
+    n_vocab: int | None = None
+    """Every id of the run is below it (``check_source``); None: not checked."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +65,15 @@ class Target:
 def source_files(source: Source, parts: dict[int, PartInfo]) -> PartitionFiles:
     """The part files of ``parts`` (by their position in manifest order), and of no other partition."""
     return PartitionFiles(source.out, dtype=source.dtype, partitions={k: p.entry for k, p in parts.items()})
+
+
+# -- what is copied: checked first ----------------------------------------------------------------
+def check_source(part: PartInfo, source: Source) -> int:
+    """Worker task, before an export writes: one partition's files read whole and checked against
+    the manifest (``format.run.check_partition``: sha256, exact ``.npy`` headers, ids inside the
+    vocabulary, a consistent docs table). Returns the bytes read."""
+    return run_files.check_partition(source.out, part.entry, dtype=source.dtype,
+                                     n_vocab=source.n_vocab if source.n_vocab is not None else 2**32)
 
 
 # -- validation candidates ----------------------------------------------------------------------

@@ -73,13 +73,6 @@ def layout_problems(starts: np.ndarray, lengths: np.ndarray, *, n_tokens: int | 
     """``start[0] == 0``, ``start[i+1] == start[i] + length[i]`` (in order, none overlapping), every
     length at least 1, ``sum(length)`` the tokens file's ``n_tokens`` (None: not known)."""
     problems = []
-    limit = n_tokens if n_tokens is not None else np.iinfo(np.int64).max
-    outside = np.flatnonzero((starts < 0) | (starts > limit) | (lengths > limit - np.clip(starts, 0, limit)))
-    if outside.size:  # also what keeps the sums below from wrapping around int64
-        i = int(outside[0])
-        return [f"document {i} spans tokens [{starts[i]}, {starts[i]} + {lengths[i]}), outside the "
-                + (f"tokens file's {n_tokens:,} tokens" if n_tokens is not None else "int64 range")
-                + f" ({outside.size} document(s) like this)"]
     if starts.size and starts[0] != 0:
         problems.append(f"first document starts at {starts[0]}, expected 0")
     gaps = np.flatnonzero(starts[1:] != starts[:-1] + lengths[:-1])
@@ -91,4 +84,11 @@ def layout_problems(starts: np.ndarray, lengths: np.ndarray, *, n_tokens: int | 
         problems.append(f"{int((lengths < 1).sum())} document(s) with no tokens")
     if n_tokens is not None and int(lengths.sum()) != n_tokens:
         problems.append(f"documents cover {int(lengths.sum())} tokens, the array holds {n_tokens}")
+    if not problems:  # int64 arithmetic wraps: sums that agree may still hide documents outside the array
+        limit = n_tokens if n_tokens is not None else np.iinfo(np.int64).max
+        outside = np.flatnonzero((starts < 0) | (starts > limit) | (lengths > limit - np.clip(starts, 0, limit)))
+        if outside.size:
+            i = int(outside[0])
+            problems.append(f"document {i} spans tokens [{starts[i]}, {starts[i]} + {lengths[i]}), outside the "
+                            + (f"array's {n_tokens:,} tokens" if n_tokens is not None else "int64 range"))
     return problems

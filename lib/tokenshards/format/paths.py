@@ -156,3 +156,12 @@ def read_remote(fs, path: str, *, limit: int | None = None) -> bytes:
     if limit is not None and len(raw) > limit:
         raise UnsafeFile(f"grew past {limit:,} bytes while read; it is not read")
     return raw
+
+
+def open_input(fs, path: str):
+    """An input a reader of a run opens again (inspect's languages, verify --deep's rows), as a
+    binary file: on a local disk only a regular file, opened without blocking (``UnsafeFile``: a
+    FIFO would hang the open, a device never ends); any other store through its filesystem."""
+    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return fs.open(path, "rb")
+    return os.fdopen(open_regular(path), "rb")

@@ -230,6 +230,23 @@ def read_docs(run: Location, entry: PartitionEntry) -> pa.Table:
     return check_docs(run, entry, read_bytes(run, entry.docs_file))
 
 
+def check_partition(run: Location, entry: PartitionEntry, *, dtype: str, n_vocab: int) -> int:
+    """Every file of a partition read whole and checked against its entry: the tokens (and mask)
+    arrays (``check_partition_arrays``), the docs table (``read_docs``). What an export must know
+    of every file it copies before it writes a byte. Returns the bytes read."""
+    read = 0
+    for name, check in ((entry.tokens_file, lambda: check_partition_arrays(run, entry, dtype=dtype, n_vocab=n_vocab)),
+                        (entry.docs_file, lambda: read_docs(run, entry))):
+        try:
+            check()
+        except FileNotFoundError as e:
+            missing = entry.mask_file if getattr(e, "filename", None) and str(e.filename).endswith(".mask.npy") else name
+            raise BadRunFile(run.shown(missing), "is missing, yet the manifest lists it",
+                             "run `tokenshards verify`, or tokenize the run again") from e
+    read += (entry.tokens_bytes or 0) + (entry.docs_bytes or 0) + (entry.mask_bytes or 0)
+    return read
+
+
 # -- a finished run -------------------------------------------------------------------------------
 
 def local_file_problems(run: Location, manifest: Manifest) -> list[str]:
