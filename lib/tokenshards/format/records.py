@@ -522,12 +522,13 @@ class DoneRecord:
 def job_problems(d) -> list[str]:
     """What makes a job file (``tokenize.resume.job_identity``, written first in OUT) unusable:
     its version, the types of the keys it holds, each input. Keys a version may lack are checked
-    only when present: a rerun compares the whole identity and says what differs."""
+    only when present, and the encoding block is compared whole: a rerun compares the identity
+    with its own, key by key, and says what differs."""
     if not isinstance(d, dict):
         return [f"not a JSON object but {_show(d)}"]
     if d.get("format") != FORMAT:
         return [f"format is {_show(d.get('format'))}, expected {FORMAT!r}"]
-    problems = encoding_problems(d["encoding"]) if "encoding" in d else ["required key 'encoding' is missing"]
+    problems = [] if isinstance(d.get("encoding"), dict) else [f"encoding is {_show(d.get('encoding'))}, expected an object"]
     for key in ("encoding_sha256", "text_column", "parts_job"):
         if key in d and not isinstance(d[key], str):
             problems.append(f"{key} is {_show(d[key])}, expected a string")

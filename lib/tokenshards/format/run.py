@@ -181,7 +181,7 @@ def check_values(run: Location, relative: str, raw, *, dtype: str, length: int, 
     """A whole ``.npy`` file's bytes checked: its sha256 is the one recorded (None: not recorded),
     its header exact, every value below ``n_vocab``. Its values, a view of ``raw``."""
     if sha256 is not None and (found := hashlib.sha256(raw).hexdigest()) != sha256:
-        raise BadRunFile(run.shown(relative), f"sha256 {found[:12]}… differs from the manifest's {sha256[:12]}…: "
+        raise BadRunFile(run.shown(relative), f"sha256 {found[:12]}… is not the {sha256[:12]}… its run recorded: "
                          "the file changed after the run", "run `tokenshards verify`, or tokenize the run again")
     offset, _ = check_array(run, relative, bytes(raw[:NPY_HEAD_PROBE]), len(raw), dtype=dtype, length=length)
     values = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<"), count=length, offset=offset)
@@ -212,8 +212,8 @@ def check_docs(run: Location, entry: PartitionEntry, raw: bytes) -> pa.Table:
     """A docs file's bytes checked against its entry: its sha256 (where the run recorded one), then
     every row (``docs.docs_problems``); the table."""
     if entry.docs_sha256 is not None and (found := hashlib.sha256(raw).hexdigest()) != entry.docs_sha256:
-        raise BadRunFile(run.shown(entry.docs_file), f"sha256 {found[:12]}… differs from the manifest's "
-                         f"{entry.docs_sha256[:12]}…: the file changed after the run",
+        raise BadRunFile(run.shown(entry.docs_file), f"sha256 {found[:12]}… is not the {entry.docs_sha256[:12]}… its "
+                         "run recorded: the file changed after the run",
                          "run `tokenshards verify`, or tokenize the run again")
     try:
         table = parse_docs(raw)

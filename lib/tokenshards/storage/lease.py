@@ -40,6 +40,8 @@ from typing import Callable
 
 import fsspec
 
+from ..format.paths import UnsafeFile, open_regular, read_fd
+from ..format.records import RECORD_LIMITS, parse_json
 from ..namespaces import process_space
 from ..errors import UserError
 from .location import Location
@@ -98,7 +100,7 @@ class LeaseRecord:
         """None for a record that isn't one (half-written by a foreign tool, hand-edited, a field of
         the wrong type): stale. Nothing else reads a lease file, so nothing else must check one."""
         try:
-            data = json.loads(raw)
+            data = parse_json(raw[:RECORD_LIMITS["lease"] + 1])  # bounded: no RecursionError, no NaN
             record = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data or k != "space"})
         except (ValueError, TypeError, KeyError):
             return None
@@ -136,11 +138,20 @@ class _LocalOps:
         self.path = path
 
     def read(self) -> tuple[bytes, bytes] | None:
+        # A regular file only, opened without blocking nor following a link (format.paths): a FIFO
+        # or a folder put there is refused in one line, never waited on.
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
+            fd = open_regular(self.path)
         except FileNotFoundError:
             return None
+        except (UnsafeFile, OSError) as e:
+            raise UserError(f"{self.path}: {e}; no tokenshards command writes that: remove it, then rerun") from e
+        try:
+            raw = read_fd(fd, limit=RECORD_LIMITS["lease"])
+        except UnsafeFile as e:
+            raise UserError(f"{self.path}: {e}; no tokenshards command writes that: remove it, then rerun") from e
+        finally:
+            os.close(fd)
         return raw, raw
 
     def create(self, data: bytes) -> bytes:

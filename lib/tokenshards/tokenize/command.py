@@ -331,7 +331,7 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, outs: list[_Output], enc
                         first_index=growth.first_index if growth is not None else 0)
         pieces = corpus.pieces
         for o in outs:
-            _claim(o, corpus, config, announce=announce)
+            _claim(o, corpus, config, client=client, announce=announce)
         wanted = {p.index: tuple(i for i, o in enumerate(outs) if p.index not in o.committed) for p in pieces}
         pending = [p for p in pieces if wanted[p.index]]
         announce(f"{counted(len(corpus.sources), 'input file')}, {sum(f.rows for f in corpus.files):,} rows, "
@@ -384,7 +384,8 @@ def _choose_backend(o: _Output, requested: str) -> str:
     return f"tokenizer{f' for {o.config.encoding}' if o.several else ''}: {choice.note}"
 
 
-def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Callable[[str], None]) -> None:
+def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, client: Client,
+           announce: Callable[[str], None]) -> None:
     """The output's job identity, claimed in its OUT, and the partitions an earlier run of the
     same job committed there (kept, never rewritten)."""
     files = corpus.files
@@ -410,7 +411,8 @@ def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Call
     _clear_leftovers(o.location)
     redo: list[str] = []
     o.committed = resume.committed_entries(o.location, job=o.parts_job, pieces=corpus.pieces, redo=redo,
-                                           kept=o.growth.kept_entries() if o.growth is not None else None)
+                                           kept=o.growth.kept_entries() if o.growth is not None else None,
+                                           client=client, encoding=o.identity["encoding"])
     for note in redo:
         announce(o.about(note))
     o.entries = dict(o.committed)
