@@ -82,8 +82,9 @@ def split_counts(streams: Streams) -> dict[str, SplitCounts]:
 
 
 def check_destination(dest: Location, config: ExportConfig) -> None:
-    """One line, before anything is read or written: DEST must be a folder (or missing), and not
-    a run being exported nor inside one (its files would join the run's, and verify would fail)."""
+    """One line, before anything is read or written: DEST must be a folder (or missing), not under a
+    file, and not a run (the one being exported or another) nor inside one (its files would join the
+    run's, and verify would fail): ``Location.check_destination``."""
     local = dest.is_local
     if local and os.path.exists(dest.root) and not os.path.isdir(dest.root):
         raise UserError(f"--to {config.to}: is an existing file, not a folder; choose a folder (it is made if missing)")
@@ -96,6 +97,7 @@ def check_destination(dest: Location, config: ExportConfig) -> None:
         if inside == source or inside.startswith(source + "/"):
             raise UserError(f"--to {config.to}: is {'the run' if inside == source else 'inside the run'} {run} being "
                             "exported; its files would mix with the run's: choose a folder outside it")
+    dest.check_destination("--to")  # nor under a file, nor in any other run
 
 
 def dest_lease(dest: Location, *, announce: Callable[[str], None]) -> Lease:

@@ -113,6 +113,7 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
     try:
         for output in config.outputs:
             location = Location.at(output.out, config.storage_options)
+            location.check_destination("--out", may_be_a_run=True)  # not under a file, nor in another run
             fresh.append(_Fresh.before(location))
             location.ensure_writable()  # a missing bucket or dead endpoint fails here, in one line
             locations.append((output, location))
@@ -239,9 +240,15 @@ def refuse_out_among_inputs(config: TokenizeConfig) -> None:
 
 
 def _comparable(url: str) -> str:
-    """A local path made absolute, a URL as written: what two locations are compared as."""
+    """A local path made absolute with every symlink resolved (a glob's up to its first wildcard), a
+    URL as written: what two locations are compared as."""
     local = url.removeprefix("file://")
-    return local.rstrip("/") if "://" in local else os.path.abspath(os.path.expanduser(local))
+    if "://" in local:
+        return local.rstrip("/")
+    path = os.path.abspath(os.path.expanduser(local))
+    parts = path.split("/")
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    return "/".join([os.path.realpath("/".join(parts[:fixed]) or "/").rstrip("/"), *parts[fixed:]])
 
 
 def _glob_regex(pattern: str) -> str:

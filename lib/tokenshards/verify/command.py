@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 from distributed import Client
 
+from .. import limits
 from ..cluster import runner
 from ..cluster.progress import Progress
 from ..format import run as run_files
@@ -63,8 +64,12 @@ class VerifyConfig(RunOptions):
 
     def __post_init__(self):
         super().__post_init__()
+        object.__setattr__(self, "deep", limits.whole("--deep", self.deep, high=limits.MAX_COUNT,
+                                                      what="a number of documents"))
         if self.deep < 0:
             raise UserError(f"--deep {self.deep} must be 0 or more documents")
+        object.__setattr__(self, "seed", limits.whole("--seed", self.seed, low=limits.MIN_SEED, high=limits.MAX_SEED,
+                                                      what="a seed"))
 
 
 @dataclass(frozen=True, kw_only=True)
