@@ -128,7 +128,8 @@ def _export_owned(config: ExportConfig, run: v1.FinishedRun, lease: Lease, *, t0
                         f"{config.out}; pass a smaller --val-tokens (or 0 for no validation set)")
     ordinal = {i.path: n for n, i in enumerate(manifest.input_records)}
     parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
-    source = Source(out=run.location, dtype=manifest.encoding.dtype, n_vocab=manifest.encoding.n_vocab)
+    source = Source(out=run.location, dtype=manifest.encoding.dtype, n_vocab=manifest.encoding.n_vocab,
+                    job=manifest.done_job())
 
     dest = lease.location
     kind = target_kind(dest.fs)

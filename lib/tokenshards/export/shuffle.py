@@ -304,7 +304,8 @@ def open_runs(config) -> list[Run]:
         entries = manifest.by_index()
         ordinal = {x.path: n for n, x in enumerate(manifest.input_records)}
         parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
-        source = Source(out=location, dtype=manifest.encoding.dtype, n_vocab=manifest.encoding.n_vocab)
+        source = Source(out=location, dtype=manifest.encoding.dtype, n_vocab=manifest.encoding.n_vocab,
+                        job=manifest.done_job())
         runs.append(Run(index=i, path=path, manifest=manifest, source=source, parts=parts))
     first = runs[0]
     for run in runs[1:]:

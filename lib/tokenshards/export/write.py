@@ -39,6 +39,8 @@ class Source:
     dtype: str
     n_vocab: int | None = None
     """Every id of the run is below it (``check_source``); None: not checked."""
+    job: str | None = None
+    """The job every done record of the run carries (``check_source``); None: the records are not checked."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,9 +73,10 @@ def source_files(source: Source, parts: dict[int, PartInfo]) -> PartitionFiles:
 def check_source(part: PartInfo, source: Source) -> int:
     """Worker task, before an export writes: one partition's files read whole and checked against
     the manifest (``format.run.check_partition``: sha256, exact ``.npy`` headers, ids inside the
-    vocabulary, a consistent docs table). Returns the bytes read."""
+    vocabulary, a consistent docs table, its done record). Returns the bytes read."""
     return run_files.check_partition(source.out, part.entry, dtype=source.dtype,
-                                     n_vocab=source.n_vocab if source.n_vocab is not None else 2**32)
+                                     n_vocab=source.n_vocab if source.n_vocab is not None else 2**32,
+                                     job=source.job, done=source.job is not None)
 
 
 # -- validation candidates ----------------------------------------------------------------------

@@ -569,6 +569,46 @@ class JobRecord:
         return cls(identity=d, inputs=InputRecord.all_from(d["inputs"]), parts_job=d.get("parts_job"))
 
 
+def done_problems(entry: PartitionEntry, record: DoneRecord, *, job: str | None) -> list[str]:
+    """A done record against the manifest's entry of its partition: the partition's commit must say
+    what the manifest says, key by key (keys this version does not know included), and carry the
+    run's job. Pure; the caller names the file."""
+    problems = []
+    if job is not None and record.job != job:
+        problems.append(f"written by job {record.job[:12]}…, the manifest's is {job[:12]}…")
+    body, listed = record.entry.to_dict(), entry.to_dict()
+    differ = sorted(k for k in set(body) | set(listed) if body.get(k) != listed.get(k))
+    if differ:
+        shown = "; ".join(f"{k}: {body.get(k)!r} vs manifest {listed.get(k)!r}" for k in differ[:3])
+        problems.append(f"disagrees with manifest.json ({shown})")
+    return problems
+
+
+JOB_SHARED = ("encoding", "encoding_sha256", "eot_position", "text_column", "partition_bytes")
+"""What a manifest and its run's job file both record, from one job identity (``build_manifest``)."""
+
+
+def job_file_problems(manifest: "Manifest", job: JobRecord) -> list[str]:
+    """A finished run's manifest against its job file, written first from the same job identity:
+    the settings both record are equal, and every input of the manifest is one of the job file's
+    with the same rows and bytes (a growth under way has added more there). A manifest edited
+    after the run (a vocabulary, an eot, an input's size) disagrees. Pure."""
+    recorded = job.identity
+    ours = {"encoding": manifest.encoding.to_dict(), "encoding_sha256": manifest.encoding_sha256,
+            "eot_position": manifest.eot_position, "text_column": manifest.text_column,
+            "partition_bytes": manifest.partition_bytes}
+    problems = [f"{key} {_show(ours[key])} is not the job file's {_show(recorded[key])}"
+                for key in JOB_SHARED if key in recorded and ours[key] is not None and ours[key] != recorded[key]]
+    theirs = {i.path: (i.rows, i.bytes) for i in job.inputs}
+    for i in manifest.input_records:
+        if i.path not in theirs:
+            problems.append(f"input {_show(i.path)} is not among the job file's inputs")
+        elif theirs[i.path] != (i.rows, i.bytes) and None not in theirs[i.path]:
+            problems.append(f"input {_show(i.path)} has rows {i.rows} and bytes {i.bytes}, the job file records "
+                            f"{theirs[i.path][0]} and {theirs[i.path][1]}")
+    return problems
+
+
 @dataclass(frozen=True, kw_only=True)
 class Encoding:
     """The manifest's ``encoding`` block: what a reader needs to interpret the token ids."""

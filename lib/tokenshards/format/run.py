@@ -32,7 +32,7 @@ from .names import JOB_FILE, MANIFEST, done_file
 from .paths import UnsafeFile, file_kind, read_local, read_remote, remote_size
 from . import paths
 from .records import (RECORD_LIMITS, DoneRecord, JobRecord, JsonError, Manifest, ManifestError, PartitionEntry,
-                      _first, parse_json)
+                      _first, done_problems, job_file_problems, parse_json)
 
 
 class BadRunFile(UserError):
@@ -230,13 +230,26 @@ def read_docs(run: Location, entry: PartitionEntry) -> pa.Table:
     return check_docs(run, entry, read_bytes(run, entry.docs_file))
 
 
-def check_partition(run: Location, entry: PartitionEntry, *, dtype: str, n_vocab: int) -> int:
+def check_done(run: Location, entry: PartitionEntry, *, job: str | None) -> None:
+    """The partition's done record says what the manifest's entry says (``records.done_problems``)."""
+    name = done_file(entry.index)
+    problems = done_problems(entry, read_done(run, name, sums=False), job=job)
+    if problems:
+        raise BadRunFile(run.shown(name), _first(problems), "run `tokenshards verify`")
+
+
+def check_partition(run: Location, entry: PartitionEntry, *, dtype: str, n_vocab: int, job: str | None = None,
+                    done: bool = False) -> int:
     """Every file of a partition read whole and checked against its entry: the tokens (and mask)
-    arrays (``check_partition_arrays``), the docs table (``read_docs``). What an export must know
-    of every file it copies before it writes a byte. Returns the bytes read."""
+    arrays (``check_partition_arrays``), the docs table (``read_docs``), with ``done`` its done
+    record (``check_done``: the manifest's ``job``). What an export must know of every file it
+    copies before it writes a byte. Returns the bytes read."""
     read = 0
-    for name, check in ((entry.tokens_file, lambda: check_partition_arrays(run, entry, dtype=dtype, n_vocab=n_vocab)),
-                        (entry.docs_file, lambda: read_docs(run, entry))):
+    checks = [(entry.tokens_file, lambda: check_partition_arrays(run, entry, dtype=dtype, n_vocab=n_vocab)),
+              (entry.docs_file, lambda: read_docs(run, entry))]
+    if done:
+        checks.append((done_file(entry.index), lambda: check_done(run, entry, job=job)))
+    for name, check in checks:
         try:
             check()
         except FileNotFoundError as e:
@@ -320,7 +333,38 @@ def open_finished(out: str, storage_options: dict | None = None) -> FinishedRun:
     problems = local_file_problems(run, manifest)
     if problems:
         raise UserError(f"{run.shown(MANIFEST)}: {_first(problems)}; run `tokenshards verify {out}`")
+    check_commit(run, manifest, done_records=run.is_local)
     return FinishedRun(run, manifest)
+
+
+def commit_problems(run: Location, manifest: Manifest) -> list[str]:
+    """What the run's job file says against its manifest (``records.job_file_problems``), each
+    naming the file; nothing when there is no job file (a finished folder may be copied without it)."""
+    try:
+        job = read_job(run)
+    except FileNotFoundError:
+        return []
+    except BadRunFile as e:
+        return [f"{JOB_FILE}: {e.problem}"]
+    return [f"{MANIFEST}: {p}" for p in job_file_problems(manifest, job)]
+
+
+def check_commit(run: Location, manifest: Manifest, *, done_records: bool) -> None:
+    """Refuse a finished run whose records disagree: the manifest and the job file written from the
+    same job identity (``commit_problems``), and with ``done_records`` each partition's entry and
+    its done record (locally, where reading them all costs little; an export checks each on the
+    cluster, ``check_partition``)."""
+    problems = commit_problems(run, manifest)
+    if problems:
+        raise UserError(f"{run.url}/{problems[0]}; one of them was changed after the run: run `tokenshards verify "
+                        f"{run.url}`")
+    if done_records:
+        for entry in manifest.by_index():
+            try:
+                check_done(run, entry, job=manifest.done_job())
+            except FileNotFoundError as e:
+                raise BadRunFile(run.shown(done_file(entry.index)), "is missing, yet the manifest lists the partition",
+                                 "run `tokenshards verify`") from e
 
 
 def refuse_a_file(run: Location) -> None:

@@ -18,6 +18,7 @@ import pyarrow as pa
 from ..encoding.plugin import WorkerEncoder
 from ..format import v1
 from ..format.docs import docs_problems, layout_problems
+from ..format.records import done_problems
 from ..format.v1 import REQUIRED_KEYS, Manifest, PartitionEntry
 
 TEMPORARY_SUFFIX = ".tmp"
@@ -202,18 +203,9 @@ def check_separators(entry: PartitionEntry, values: np.ndarray, starts: np.ndarr
 
 
 def check_done(entry: PartitionEntry, record: v1.DoneRecord, *, job: str) -> list[str]:
-    """The done record is the partition's commit: it must say what the manifest says."""
+    """The done record is the partition's commit: it must say what the manifest says (``records.done_problems``)."""
     where = f"partition {entry.index}: {v1.done_file(entry.index)}"
-    problems = []
-    if record.job != job:
-        problems.append(f"{where}: written by job {record.job[:12]}…, the manifest's is {job[:12]}…")
-    # Compared key by key, keys this version does not know included.
-    body, entry = record.entry.to_dict(), entry.to_dict()
-    differ = sorted(k for k in set(body) | set(entry) if body.get(k) != entry.get(k))
-    if differ:
-        shown = "; ".join(f"{k}: {body.get(k)!r} vs manifest {entry.get(k)!r}" for k in differ[:3])
-        problems.append(f"{where}: disagrees with manifest.json ({shown})")
-    return problems
+    return [f"{where}: {p}" for p in done_problems(entry, record, job=job)]
 
 
 def expected_document(body: list[int], *, prefix: tuple[int, ...] = (), suffix: tuple[int, ...] = ()) -> list[int]:

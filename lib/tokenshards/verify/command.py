@@ -363,7 +363,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     problems = v1.local_file_problems(run, manifest)
     if problems:
         return _report(config, manifest=None, problems=problems)
-    problems = check_entries(manifest)
+    problems = check_entries(manifest) + run_files.commit_problems(run, manifest)
     try:
         names = _list_parts(run)
     except OSError as e:
