@@ -40,7 +40,7 @@ class Source:
     n_vocab: int | None = None
     """Every id of the run is below it (``check_source``); None: not checked."""
     job: str | None = None
-    """The job every done record of the run carries (``check_source``); None: the records are not checked."""
+    """The job every done record of the run carries (``check_source``: the manifest's ``done_job``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +76,7 @@ def check_source(part: PartInfo, source: Source) -> int:
     vocabulary, a consistent docs table, its done record). Returns the bytes read."""
     return run_files.check_partition(source.out, part.entry, dtype=source.dtype,
                                      n_vocab=source.n_vocab if source.n_vocab is not None else 2**32,
-                                     job=source.job, done=source.job is not None)
+                                     job=source.job, done=True)
 
 
 # -- validation candidates ----------------------------------------------------------------------

@@ -193,6 +193,11 @@ def entry_problems(d, *, where: str = "partition entry", sums: bool = True) -> l
     reasons = d.get("bad_rows")
     if reasons is not None and not (isinstance(reasons, dict) and all(_is_count(v) for v in reasons.values())):
         problems.append(f"{where}.bad_rows is {_show(reasons)}, expected counts by reason")
+    numbers = d.get("bad_row_numbers")
+    if numbers is not None and not (isinstance(numbers, list) and all(_is_count(r) for r in numbers)):
+        problems.append(f"{where}.bad_row_numbers is {_show(numbers)}, expected a list of row numbers")
+    elif not bad:  # what lists the skipped rows agrees with what counts them
+        problems += _listed_problems(d, where)
     for key in ("tokens_file", "docs_file", *(("mask_file",) if d.get("mask_file") is not None else ())):
         problem = relative_path_problem(d[key])
         if problem:
@@ -293,6 +298,9 @@ def bookkeeping_problems(manifest: "Manifest") -> list[str]:
     if missing:
         problems.append(f"partition indices {ranges(missing)} are missing "
                         f"(expected 0..{planned - 1}, each once, less those in skipped_inputs)")
+    beyond = sorted(i for i in seen | skipped if isinstance(i, int) and i >= planned)
+    if beyond:
+        problems.append(f"partition indices {ranges(beyond)} are past planned_partitions {planned}")
     known_inputs = {i.path for i in manifest.input_records}
     for e in entries:
         where = f"partition {e.index}"
@@ -313,6 +321,20 @@ def bookkeeping_problems(manifest: "Manifest") -> list[str]:
             problems.append(f"totals.{key} is {_show(getattr(totals, key))}, the partitions sum to {total}")
         elif total > MAX_TOKENS:
             problems.append(f"totals.{key} is {total}, more than an int64 holds")
+    return problems
+
+
+def _listed_problems(d: dict, where: str) -> list[str]:
+    """The rows an entry lists (the first ``MAX_LISTED_INVALID``) are as many as it counts."""
+    problems = []
+    for listed, counted in (("invalid_rows", "skipped_invalid"), ("bad_row_numbers", "skipped_bad")):
+        rows, count = d.get(listed) or [], d.get(counted) or 0
+        if isinstance(rows, list) and _is_count(count) and len(rows) != min(count, MAX_LISTED_INVALID):
+            problems.append(f"{where}.{listed} lists {len(rows)} rows, {counted} {count} makes it "
+                            f"{min(count, MAX_LISTED_INVALID)}")
+    reasons = d.get("bad_rows") or {}
+    if isinstance(reasons, dict) and _is_count(d.get("skipped_bad") or 0) and sum(reasons.values()) != (d.get("skipped_bad") or 0):
+        problems.append(f"{where}.bad_rows add up to {sum(reasons.values())}, skipped_bad is {d.get('skipped_bad') or 0}")
     return problems
 
 
@@ -572,10 +594,12 @@ class JobRecord:
 def done_problems(entry: PartitionEntry, record: DoneRecord, *, job: str | None) -> list[str]:
     """A done record against the manifest's entry of its partition: the partition's commit must say
     what the manifest says, key by key (keys this version does not know included), and carry the
-    run's job. Pure; the caller names the file."""
+    run's job (a manifest that records none disagrees with every done record). Pure; the caller
+    names the file."""
     problems = []
-    if job is not None and record.job != job:
-        problems.append(f"written by job {record.job[:12]}…, the manifest's is {job[:12]}…")
+    if record.job != job:
+        problems.append(f"written by job {record.job[:12]}…, the manifest's is "
+                        + (f"{job[:12]}…" if job is not None else "not recorded"))
     body, listed = record.entry.to_dict(), entry.to_dict()
     differ = sorted(k for k in set(body) | set(listed) if body.get(k) != listed.get(k))
     if differ:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from typing import Callable
 
 from ..errors import OutputConflict, UserError
@@ -98,7 +99,9 @@ def committed_entries(out: Location, *, job: str, pieces: list[Piece], redo: lis
         if (piece is None or entry.input != piece.input or entry.row_groups != tuple(piece.row_groups)
                 or entry.rows != piece.rows):
             raise OutputConflict(f"{path} does not match this run's partition plan; pass --overwrite to replace it")
-        problem = _files_problem(entry, sizes)
+        problem = _files_problem(entry, sizes) or (
+            f"its done record holds keys this version does not write ({', '.join(sorted(entry.extra))})"
+            if entry.extra else None)  # nothing could vouch for them: the partition is written again
         if problem:
             if redo is not None:
                 redo.append(f"partition {entry.index}: {problem}; redoing it")
@@ -240,6 +243,7 @@ def claim_output(out: Location, identity: dict, *, identity_like: Callable[[str,
     run's when every one carries it: a run that failed before its first commit removes its job
     file, and a task still running on a cluster it does not own may commit after that."""
     url = out.url
+    _check_own_files(out)
     if out.exists(JOB_FILE):
         old = read_job_identity(out)
         if not any(i.identity is not None for i in recorded_inputs(old, url=url)):
@@ -260,6 +264,21 @@ def claim_output(out: Location, identity: dict, *, identity_like: Callable[[str,
     if out.exists(v1.MANIFEST) or (done and not (job is not None and _all_written_by(out, done, job))):
         raise OutputConflict(f"{url} already holds output that is not this run's; use another --out, or pass --overwrite to replace it")
     out.write_json(JOB_FILE, identity)
+
+
+def _check_own_files(out: Location) -> None:
+    """What a run writes in a local OUT is of the kind it writes: ``parts/`` a folder inside OUT
+    (a symlink would send every part file elsewhere, into another run perhaps), ``manifest.json``
+    and the job file not folders (the commit would fail after all the work)."""
+    if not out.is_local:
+        return
+    parts = out.join("parts")
+    if os.path.islink(parts) or (os.path.lexists(parts) and not os.path.isdir(parts)):
+        raise OutputConflict(f"{out.shown('parts')}: is {'a symlink' if os.path.islink(parts) else 'not a folder'}; a "
+                             "run writes its part files in a folder of its own: remove it, or pass --overwrite")
+    for name in (v1.MANIFEST, JOB_FILE):
+        if os.path.isdir(out.join(name)) and not os.path.islink(out.join(name)):
+            raise OutputConflict(f"{out.shown(name)}: is a folder, not the run's {name}: remove it, or pass --overwrite")
 
 
 def _all_written_by(out: Location, done: list[str], job: str) -> bool:
