@@ -133,10 +133,13 @@ def _export_owned(config: ExportConfig, run: v1.FinishedRun, lease: Lease, *, t0
 
     dest = lease.location
     kind = target_kind(dest.fs)
-    prepare_dest(dest, config)
+    if not config.overwrite:
+        prepare_dest(dest, config)  # an earlier export there is refused at once
 
     with runner.connect_to(config, announce=announce, local_paths=paths_used(config, [(run.location, manifest)])) as client:
         announce(check_sources(client, [(source, parts)]))  # before a byte is written
+        if config.overwrite:
+            prepare_dest(dest, config)  # the export it replaces goes once the run read as it must
         threshold = None
         val_docs = np.zeros(len(entries), dtype=np.int64)
         val_tokens = np.zeros(len(entries), dtype=np.int64)
