@@ -475,6 +475,7 @@ def _run_inspect(args) -> int:
     # heavy: Dask (and matplotlib for --plot), as tokenize
     from .inspect.command import InspectConfig, run_inspect
     from .inspect.stats import plot_format, plot_lengths, report_lines
+    from .format.run import check_destination
     from .storage.location import Location
 
     config = InspectConfig(out=args.out, language_column=args.language_column, **_run_options(args))
@@ -482,7 +483,7 @@ def _run_inspect(args) -> int:
         plot_format(args.plot)  # a wrong name is said before the run is read
         # Its folder: not under a file, nor inside a run's parts/ (OUT itself is fine: `make inspect`'s default).
         folder = args.plot.rsplit("/", 1)[0] if "/" in args.plot else "."
-        Location.at(folder, config.storage_options).check_destination("--plot", may_be_a_run=True)
+        check_destination(Location.at(folder, config.storage_options), "--plot", may_be_a_run=True)
     stats = run_inspect(config, announce=_say)
     for line in report_lines(stats):
         print(line)

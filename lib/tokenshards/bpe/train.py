@@ -22,6 +22,7 @@ from ..cluster.options import RunOptions
 from ..cluster.progress import Progress
 from ..errors import UserError
 from ..storage.hubspec import HubDataset
+from ..format.run import check_destination
 from ..storage.location import Location
 from ..corpus.gather import find_inputs, gather, open_inputs
 from ..corpus.plan import Piece, check_on_bad_file
@@ -266,8 +267,8 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
         raise UserError("--merger gigatoken: gigatoken is not installed; pip install 'tokenshards[fast]', "
                         "or use --merger auto")
     # Its folder: not under a file, nor inside a tokenshards run (its files would mix with the run's).
-    Location.at(config.out.rsplit("/", 1)[0] if "/" in config.out else ".",
-                config.storage_options).check_destination("--out")
+    check_destination(Location.at(config.out.rsplit("/", 1)[0] if "/" in config.out else ".", config.storage_options),
+                      "--out")
     sources = find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
     # Downloads first (no overlap): nothing of it runs in the background for ``close`` to stop.

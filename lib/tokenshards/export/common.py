@@ -23,6 +23,7 @@ from ..cluster import interrupt, machines, runner
 from ..cluster.progress import Progress
 from ..errors import UserError
 from ..format.run import BadRunFile, read_record
+from ..format.run import check_destination as check_run_destination
 from ..format.export_record import ExportFile, ExportRecord, ExportRecordError, SplitCounts
 from ..storage.lease import Lease
 from ..storage.location import WRITE_PROBE_PREFIX, Location
@@ -84,7 +85,7 @@ def split_counts(streams: Streams) -> dict[str, SplitCounts]:
 def check_destination(dest: Location, config: ExportConfig) -> None:
     """One line, before anything is read or written: DEST must be a folder (or missing), not under a
     file, and not a run (the one being exported or another) nor inside one (its files would join the
-    run's, and verify would fail): ``Location.check_destination``."""
+    run's, and verify would fail): ``format.run.check_destination``."""
     local = dest.is_local
     if local and os.path.exists(dest.root) and not os.path.isdir(dest.root):
         raise UserError(f"--to {config.to}: is an existing file, not a folder; choose a folder (it is made if missing)")
@@ -97,7 +98,7 @@ def check_destination(dest: Location, config: ExportConfig) -> None:
         if inside == source or inside.startswith(source + "/"):
             raise UserError(f"--to {config.to}: is {'the run' if inside == source else 'inside the run'} {run} being "
                             "exported; its files would mix with the run's: choose a folder outside it")
-    dest.check_destination("--to")  # nor under a file, nor in any other run
+    check_run_destination(dest, "--to")  # nor under a file, nor in any other run
 
 
 def dest_lease(dest: Location, *, announce: Callable[[str], None]) -> Lease:

@@ -16,21 +16,10 @@ Messages say what is wrong without the path (``UnsafeFile``): the caller names t
 """
 from __future__ import annotations
 
-import errno
 import os
 import stat
 
-OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-"""How a run's file is opened locally: never through a link (its real path is opened), never
-waiting on a FIFO."""
-READ_PIECE = 8 << 20
-"""Bytes read at a time from a local file (and hashed meanwhile)."""
-
-
-class UnsafeFile(ValueError):
-    """A file the readers do not open (outside OUT, not a regular file, larger than its reader
-    allows); the message says why, without the path."""
-
+from ..untrusted import UnsafeFile, file_kind, not_regular, open_regular, read_fd  # noqa: F401
 
 def relative_path_problem(path) -> str | None:
     """Why ``path`` is not a path inside OUT, relative to it (None: it is one). A manifest is input
@@ -50,18 +39,6 @@ def relative_path_problem(path) -> str | None:
 def _show(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def not_regular(mode: int) -> str:
-    return f"is not a regular file ({file_kind(mode)}); it is not opened"
 
 
 def inside(base: str, real: str) -> bool:
@@ -90,42 +67,6 @@ def open_local(root: str, relative: str) -> int:
     never through a link nor waiting on a FIFO, and looked at again once open."""
     real, _ = local_look(root, relative)
     return open_regular(real)
-
-
-def open_regular(path: str) -> int:
-    """A descriptor of the regular file ``path``, opened without following a link at its end and
-    without blocking; ``UnsafeFile`` for anything else (a FIFO never hangs the open)."""
-    try:
-        fd = os.open(path, OPEN_FLAGS)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise UnsafeFile("is a symlink; it is not opened") from e
-        raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise UnsafeFile(not_regular(mode))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def read_fd(fd: int, *, limit: int | None = None, size: int | None = None) -> bytes:
-    """A local file's bytes through its descriptor, at most ``limit`` (``UnsafeFile`` past it)."""
-    size = os.fstat(fd).st_size if size is None else size
-    if limit is not None and size > limit:
-        raise UnsafeFile(f"is {size:,} bytes, more than such a file may be ({limit:,}); it is not read")
-    pieces, at = [], 0
-    while True:
-        piece = os.pread(fd, READ_PIECE, at)
-        if not piece:
-            break
-        pieces.append(piece)
-        at += len(piece)
-        if limit is not None and at > limit:
-            raise UnsafeFile(f"grew past {limit:,} bytes while read; it is not read")
-    return b"".join(pieces)
 
 
 def read_local(root: str, relative: str, *, limit: int | None = None) -> bytes:

@@ -11,57 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ..storage.store import join
+from ..untrusted import MAX_DEPTH, JsonError, json_depth, parse_json  # noqa: F401
 from .names import FORMAT, MANIFEST
 from .paths import relative_path_problem
 
-MAX_DEPTH = 64
-"""How deeply a record's JSON may nest: tokenshards writes at most 5 levels (a manifest's encoding
-files, its chat block); Python's parser gives up near 1,000 with a RecursionError."""
 RECORD_LIMITS = {"manifest": 1 << 30, "job file": 256 << 20, "done record": 4 << 20, "export record": 256 << 20,
                  "lease": 1 << 20}
 """The largest each record may be, in bytes: a manifest of 16,384 partitions and 2,000 inputs is
 ~12 MB, a done record ~1 KB (it lists at most ``MAX_LISTED_INVALID`` rows)."""
-
-
-class JsonError(ValueError):
-    """Bytes that are not a record's JSON; the message says why, without the path."""
-
-
-_ESCAPE = re.compile(rb"\\.", re.S)
-_STRING = re.compile(rb'"[^"]*"')
-
-
-def json_depth(raw: bytes) -> int:
-    """How deeply ``raw``'s arrays and objects nest, brackets inside strings left out; linear
-    time, no recursion, for bytes that may not even be JSON."""
-    bare = _STRING.sub(b"", _ESCAPE.sub(b"", raw))
-    b = np.frombuffer(bare, dtype=np.uint8)
-    step = ((b == 0x5B) | (b == 0x7B)).astype(np.int64) - ((b == 0x5D) | (b == 0x7D))
-    return int(np.cumsum(step).max()) if step.size else 0
-
-
-def parse_json(raw: bytes | str):
-    """A record's JSON: ``JsonError`` for bytes that are not UTF-8 JSON, nest deeper than
-    ``MAX_DEPTH`` (looked at before the parser recurses) or hold NaN or Infinity."""
-    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
-    if (depth := json_depth(data)) > MAX_DEPTH:
-        raise JsonError(f"nested {depth:,} levels deep, more than a record may be ({MAX_DEPTH})")
-    try:
-        return json.loads(data, parse_constant=_no_constant)
-    except RecursionError as e:  # not reached below MAX_DEPTH; kept in case a parser recurses more
-        raise JsonError("nested too deeply to parse") from e
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an int of more than 4,300 digits
-        raise JsonError(f"not valid JSON ({str(e).splitlines()[0][:200]})") from e
-
-
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number")
 
 
 TOTAL_KEYS = ("rows", "docs", "tokens", "skipped_null", "skipped_empty")

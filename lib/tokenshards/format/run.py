@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from ..errors import UserError
 from ..storage.location import Location
+from ..storage.store import display_url
 from .arrays import NPY_HEAD_PROBE, NpyHeaderError, header_problem, read_npy_header
 from .docs import DocsError, docs_problems, parse_docs
 from .names import JOB_FILE, MANIFEST, done_file
@@ -258,6 +259,69 @@ def check_partition(run: Location, entry: PartitionEntry, *, dtype: str, n_vocab
                              "run `tokenshards verify`, or tokenize the run again") from e
     read += (entry.tokens_bytes or 0) + (entry.docs_bytes or 0) + (entry.mask_bytes or 0)
     return read
+
+
+# -- where a command may write ---------------------------------------------------------------------
+
+def check_destination(location: Location, option: str, *, may_be_a_run: bool = False) -> None:
+    """One line, before anything is read or written, when ``location`` cannot be a command's
+    destination (``option``: how the command names it): it lies under a file (``--to
+    some.parquet/sub``), or inside a tokenshards run (a folder above it holds a run's job file, its
+    manifest beside ``parts/``, or committed partitions), whose files it would join: that run would
+    no longer verify. ``may_be_a_run``: the folder itself may hold a run (``tokenize --out``: its own,
+    to resume). Local folders are compared once every symlink is resolved."""
+    shown = f"{option} {location.url}"
+    real = os.path.realpath(location.root) if location.is_local else location.root.rstrip("/")
+    for folder, is_file in _folders_up(location, real):
+        named = folder if location.is_local else display_url(location.fs, folder)
+        if is_file:
+            if folder == real:
+                raise UserError(f"{shown}: is an existing file, not a folder; choose a folder (it is made if missing)")
+            raise UserError(f"{shown}: {named} is a file, not a folder, so nothing can be written under it; "
+                            "choose another folder")
+        if folder == real and may_be_a_run:
+            continue
+        why = _holds_a_run(location, folder)
+        if why:
+            where = "is the run" if folder == real else "is inside the run"
+            raise UserError(f"{shown}: {where} in {named} (it holds {why}); its files would mix with that run's and it "
+                            "would no longer verify: choose a folder outside it")
+
+
+def _folders_up(location: Location, folder: str):
+    """(folder, whether it is a file) from ``folder`` up to the root of its filesystem (a bucket on
+    object stores), those that exist."""
+    while True:
+        try:
+            if location.is_local:
+                if os.path.exists(folder):
+                    yield folder, not os.path.isdir(folder)
+            elif location.fs.exists(folder):
+                yield folder, location.fs.isfile(folder)
+        except OSError:
+            pass  # unreachable or not ours to look at: the write itself says so
+        parent = os.path.dirname(folder) if location.is_local else folder.rsplit("/", 1)[0]
+        if not parent or parent == folder or (not location.is_local and "/" not in folder):
+            return
+        folder = parent
+
+
+def _holds_a_run(location: Location, folder: str) -> str | None:
+    """What in ``folder`` says a tokenshards run is there, or None. A lone ``manifest.json`` (a web
+    app's, say) is not enough: a run's sits beside ``parts/``."""
+    fs = location.fs
+    inside = os.path.join if location.is_local else (lambda *parts: "/".join(parts))
+    try:
+        if fs.exists(inside(folder, JOB_FILE)):
+            return JOB_FILE
+        if fs.isdir(inside(folder, "parts")):
+            if fs.exists(inside(folder, MANIFEST)):
+                return f"{MANIFEST} and parts/"
+            if fs.glob(inside(folder, "parts", "part-*.done.json")):
+                return "committed partitions in parts/"
+    except OSError:
+        return None
+    return None
 
 
 # -- a finished run -------------------------------------------------------------------------------

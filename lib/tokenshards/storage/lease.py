@@ -40,8 +40,7 @@ from typing import Callable
 
 import fsspec
 
-from ..format.paths import UnsafeFile, open_regular, read_fd
-from ..format.records import RECORD_LIMITS, parse_json
+from ..untrusted import UnsafeFile, open_regular, parse_json, read_fd
 from ..namespaces import process_space
 from ..errors import UserError
 from .location import Location
@@ -60,6 +59,10 @@ class LeaseHeld(UserError):
 
 class LeaseLost(UserError):
     """This run's lease was taken over (it stalled past its TTL); it must not commit."""
+
+
+LEASE_LIMIT = 1 << 20
+"""The most of a lease file that is read: a record is ~300 bytes."""
 
 
 class _Conflict(Exception):
@@ -100,7 +103,7 @@ class LeaseRecord:
         """None for a record that isn't one (half-written by a foreign tool, hand-edited, a field of
         the wrong type): stale. Nothing else reads a lease file, so nothing else must check one."""
         try:
-            data = parse_json(raw[:RECORD_LIMITS["lease"] + 1])  # bounded: no RecursionError, no NaN
+            data = parse_json(raw[:LEASE_LIMIT + 1])  # bounded: no RecursionError, no NaN
             record = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data or k != "space"})
         except (ValueError, TypeError, KeyError):
             return None
@@ -147,7 +150,7 @@ class _LocalOps:
         except (UnsafeFile, OSError) as e:
             raise UserError(f"{self.path}: {e}; no tokenshards command writes that: remove it, then rerun") from e
         try:
-            raw = read_fd(fd, limit=RECORD_LIMITS["lease"])
+            raw = read_fd(fd, limit=LEASE_LIMIT)
         except UnsafeFile as e:
             raise UserError(f"{self.path}: {e}; no tokenshards command writes that: remove it, then rerun") from e
         finally:

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import fsspec
 
 from ..errors import UserError
-from ..format.names import JOB_FILE, MANIFEST
 from .store import (StorageOptions, _one_line, check_bucket, display_url, filesystem, is_local, is_object_store, join,
                     read_json, storage_error, write_advice, write_atomic, write_json)
 from .store import storage_options as checked_options
@@ -99,69 +98,6 @@ class Location:
         write_atomic(self.fs, self.join(relative), data)
 
     # -- before a command writes here -----------------------------------------------------------
-    def check_destination(self, option: str, *, may_be_a_run: bool = False) -> None:
-        """One line, before anything is read or written, when this folder cannot be a destination:
-        it lies under a file (``--to some.parquet/sub``), or inside a tokenshards run (a folder above
-        it holds a run's job file, its manifest beside ``parts/``, or committed partitions): its
-        files would join that run's, and that run would no longer verify. ``may_be_a_run``: the
-        folder itself may hold a run (``tokenize --out``: its own, to resume). Local folders are
-        compared once every symlink is resolved."""
-        shown = f"{option} {self.url}"
-        for folder, is_file in self._folders_up():
-            if is_file:
-                if folder == self._real():
-                    raise UserError(f"{shown}: is an existing file, not a folder; choose a folder (it is made if missing)")
-                raise UserError(f"{shown}: {self._display(folder)} is a file, not a folder, so nothing can be written "
-                                "under it; choose another folder")
-            if folder == self._real() and may_be_a_run:
-                continue
-            why = self._holds_a_run(folder)
-            if why:
-                where = "is the run" if folder == self._real() else "is inside the run"
-                raise UserError(f"{shown}: {where} in {self._display(folder)} (it holds {why}); its files would mix with "
-                                "that run's and it would no longer verify: choose a folder outside it")
-
-    def _real(self) -> str:
-        return os.path.realpath(self.root) if self.is_local else self.root.rstrip("/")
-
-    def _display(self, folder: str) -> str:
-        return folder if self.is_local else display_url(self.fs, folder)
-
-    def _folders_up(self):
-        """(folder, whether it is a file) from this location up to the root of its filesystem
-        (a bucket on object stores), only those that exist."""
-        folder = self._real()
-        while True:
-            try:
-                if self.is_local:
-                    if os.path.exists(folder):
-                        yield folder, not os.path.isdir(folder)
-                elif self.fs.exists(folder):
-                    yield folder, self.fs.isfile(folder)
-            except OSError:
-                pass  # unreachable or not ours to look at: the write itself says so
-            parent = os.path.dirname(folder) if self.is_local else folder.rsplit("/", 1)[0]
-            if not parent or parent == folder or (not self.is_local and "/" not in folder):
-                return
-            folder = parent
-
-    def _holds_a_run(self, folder: str) -> str | None:
-        """What in ``folder`` says a tokenshards run is there, or None. A lone ``manifest.json`` (a
-        web app's, say) is not enough: a run's sits beside ``parts/``."""
-        fs = self.fs
-        join_ = os.path.join if self.is_local else (lambda *parts: "/".join(parts))
-        try:
-            if fs.exists(join_(folder, JOB_FILE)):
-                return JOB_FILE
-            if fs.isdir(join_(folder, "parts")):
-                if fs.exists(join_(folder, MANIFEST)):
-                    return f"{MANIFEST} and parts/"
-                if fs.glob(join_(folder, "parts", "part-*.done.json")):
-                    return "committed partitions in parts/"
-        except OSError:
-            return None
-        return None
-
     def check_bucket(self, *, what: str) -> None:
         """Object stores: fail now, in one line naming the URL, if the bucket is missing or the
         endpoint or credentials fail (``store.check_bucket``, which inputs' globs also use)."""

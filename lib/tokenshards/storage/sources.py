@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import UserError
-from ..format.paths import not_regular
+from ..untrusted import not_regular
 from .store import check_bucket, display_url, filesystem, is_local, storage_error
 
 

@@ -17,6 +17,7 @@ from distributed import Client, performance_report
 
 from ..cluster import interrupt, machines, runner
 from ..format import v1 as manifest
+from ..format.run import check_destination
 from ..format.v1 import PartitionEntry
 from .config import TokenizeConfig
 from . import grow
@@ -113,7 +114,7 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
     try:
         for output in config.outputs:
             location = Location.at(output.out, config.storage_options)
-            location.check_destination("--out", may_be_a_run=True)  # not under a file, nor in another run
+            check_destination(location, "--out", may_be_a_run=True)  # not under a file, nor in another run
             fresh.append(_Fresh.before(location))
             location.ensure_writable()  # a missing bucket or dead endpoint fails here, in one line
             locations.append((output, location))
