@@ -325,3 +325,40 @@ def test_the_pristine_run_reads_as_before(run, tmp_path, cluster, capsys):
     stream = np.concatenate([tokens_of(run, e["index"]) for e in manifest_of(run)["partitions"]])
     assert ds.tokens(0, ds.n_tokens).tolist() == stream.tolist()
     assert snapshot(run) == before
+
+
+# -- the same checks on an object store ------------------------------------------------------------
+
+def test_an_object_store_run_goes_through_the_same_checks(copy, s3, capsys):  # noqa: F811
+    """No links or FIFOs there, but headers, sizes, docs tables and kinds of object are checked alike:
+    a big-endian tokens file (its sha256 rewritten), a docs table whose documents overlap (re-signed),
+    and a "folder" where a done record belongs."""
+    import hashlib
+
+    rewrite_tokens(copy, 0, tokens_of(copy, 0).astype(">u2"), fix_sha=True)
+    path = copy / v1.docs_file(1)
+    table = pq.read_table(path).to_pydict()
+    table["start"][1] = 0
+    pq.write_table(__import__("pyarrow").table(table), path)
+    update_entry(copy, 1, docs_sha256=hashlib.sha256(path.read_bytes()).hexdigest(), docs_bytes=path.stat().st_size)
+    fs, bucket = s3.fs(), s3.make_bucket()
+    for p in sorted(copy.rglob("*")):
+        if p.is_file():
+            fs.put_file(str(p), f"{bucket}/run/{p.relative_to(copy).as_posix()}")
+    fs.put_file(str(copy / v1.done_file(2)), f"{bucket}/run/{v1.done_file(2)}/inside")  # a prefix, not an object
+    fs.rm(f"{bucket}/run/{v1.done_file(2)}")
+    url = f"s3://{bucket}/run"
+    ds = TokenDataset(url, storage_options=s3.storage_options)
+    with pytest.raises(UserError, match=r"part-00000.tokens.npy: holds >u2 values"):
+        ds.tokens(0, 10)
+    with pytest.raises(UserError, match=r"part-00001.docs.parquet: document 1 starts at 0"):
+        ds.doc(len(pq.read_table(copy / v1.docs_file(0))) + 1)
+    options = [f"--storage-option={k}={v}" for k, v in s3.storage_options.items() if isinstance(v, str)]
+    options += [f"--storage-option=endpoint_url={s3.storage_options['client_kwargs']['endpoint_url']}"] \
+        if "client_kwargs" in s3.storage_options else []
+    refused(capsys, "inspect", url, *options, needles=("part-00001.docs.parquet", "document 1 starts at 0"))
+    from tokenshards.format import run as run_files
+    from tokenshards.storage.location import Location
+
+    with pytest.raises(run_files.BadRunFile, match=r"is not a file but a folder"):
+        run_files.read_done(Location.at(url, s3.storage_options), v1.done_file(2))

@@ -81,8 +81,8 @@ def remote_size(fs, path: str) -> int:
     """An object's size; ``UnsafeFile`` for a prefix (a "folder") or anything that is not a file."""
     info = fs.info(path)  # FileNotFoundError: missing
     if info.get("type") != "file":
-        raise UnsafeFile(f"is not a file but {'a folder' if info.get('type') == 'directory' else info.get('type')!r}; "
-                         "it is not read")
+        kind = "a folder" if info.get("type") == "directory" else repr(info.get("type"))
+        raise UnsafeFile(f"is not a file but {kind}; it is not read")
     size = info.get("size")
     if not isinstance(size, int) or size < 0:
         raise UnsafeFile(f"has no size its store can tell ({size!r}); it is not read")
