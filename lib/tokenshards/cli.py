@@ -70,7 +70,8 @@ def _add_cluster_arguments(p, *, command: str) -> None:
     the module that runs it, imported early where a local cluster will start
     (``_prestart_local_workers``)."""
     p.set_defaults(command_module=command)
-    p.add_argument("--workers", type=_whole, help="LocalCluster process workers (default: the machine's cores)")
+    p.add_argument("--workers", type=_whole, help="LocalCluster process workers (default: the machine's cores; at most 4 "
+                   "per core and one per 0.5 GiB of its memory)")
     p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
     p.add_argument("--cluster", metavar="CONFIG.yaml",
                    help="cluster config: cluster_configs/{local,scheduler,slurm,kubernetes,ssh}.yaml or your own")
@@ -215,6 +216,11 @@ def _hub_dataset(args, *, download_dir: str | None, fetch: str = "auto"):
     if args.size is None:
         raise UserError(f"--dataset {args.dataset} needs --size (10B, 100B or 350B)")
     keep_free = limits.number("--keep-free-gb", args.keep_free_gb, high=1e6, what="gigabytes")
+    if download_dir is not None:  # a folder downloads go to: not under a file, nor inside a run
+        from .format.run import check_destination
+        from .storage.location import Location
+
+        check_destination(Location.at(download_dir), "--to" if args.command == "download" else "--download-dir")
     return HubDataset(repo=args.dataset or "HuggingFaceFW/fineweb", size=args.size, revision=args.revision,
                       fetch=fetch, download_dir=download_dir, keep_free=int(keep_free * 2**30))
 
