@@ -10,6 +10,9 @@ nothing here trusts what it reads.
   one also against its sha256 and the vocabulary.
 - A docs table is read whole, checked against its sha256 where the run recorded one, and against
   the manifest and its tokens (``docs.docs_problems``) before any row of it is used.
+- A finished run's records agree (``check_commit``): its manifest with its job file, each entry with
+  its done record.
+- A command's destination is neither under a file nor inside a run (``check_destination``).
 
 Anything wrong is ``BadRunFile``: one line naming the file and what is wrong (a ``UserError``:
 exit 2); a missing file is ``FileNotFoundError``, for the caller to say what it means.
@@ -199,14 +202,6 @@ def read_array(run: Location, relative: str, *, dtype: str, length: int, sha256:
                         n_vocab=n_vocab)
 
 
-def check_partition_arrays(run: Location, entry: PartitionEntry, *, dtype: str, n_vocab: int) -> None:
-    """A partition's tokens (and mask) files read whole and checked against its entry: what an
-    export that copies them, or a rerun that keeps them, must know first."""
-    read_array(run, entry.tokens_file, dtype=dtype, length=entry.tokens, sha256=entry.sha256, n_vocab=n_vocab)
-    if entry.mask_file:
-        read_array(run, entry.mask_file, dtype="uint8", length=entry.tokens, sha256=entry.mask_sha256, n_vocab=2)
-
-
 # -- docs tables ----------------------------------------------------------------------------------
 
 def check_docs(run: Location, entry: PartitionEntry, raw: bytes) -> pa.Table:
@@ -241,24 +236,26 @@ def check_done(run: Location, entry: PartitionEntry, *, job: str | None) -> None
 
 def check_partition(run: Location, entry: PartitionEntry, *, dtype: str, n_vocab: int, job: str | None = None,
                     done: bool = False) -> int:
-    """Every file of a partition read whole and checked against its entry: the tokens (and mask)
-    arrays (``check_partition_arrays``), the docs table (``read_docs``), with ``done`` its done
-    record (``check_done``: the manifest's ``job``). What an export must know of every file it
-    copies before it writes a byte. Returns the bytes read."""
-    read = 0
-    checks = [(entry.tokens_file, lambda: check_partition_arrays(run, entry, dtype=dtype, n_vocab=n_vocab)),
-              (entry.docs_file, lambda: read_docs(run, entry))]
+    """Every file of a partition read whole and checked against its entry: its tokens (and mask)
+    array (``read_array``: sha256, exact header, ids), its docs table (``read_docs``), with ``done``
+    its done record (``check_done``: the manifest's ``job``). What an export must know of every
+    file it copies before it writes a byte, and a rerun of every partition it keeps. Returns the
+    bytes read."""
+    checks = [(entry.tokens_file, lambda: read_array(run, entry.tokens_file, dtype=dtype, length=entry.tokens,
+                                                     sha256=entry.sha256, n_vocab=n_vocab))]
+    if entry.mask_file:
+        checks.append((entry.mask_file, lambda: read_array(run, entry.mask_file, dtype="uint8", length=entry.tokens,
+                                                           sha256=entry.mask_sha256, n_vocab=2)))
+    checks.append((entry.docs_file, lambda: read_docs(run, entry)))
     if done:
         checks.append((done_file(entry.index), lambda: check_done(run, entry, job=job)))
     for name, check in checks:
         try:
             check()
         except FileNotFoundError as e:
-            missing = entry.mask_file if getattr(e, "filename", None) and str(e.filename).endswith(".mask.npy") else name
-            raise BadRunFile(run.shown(missing), "is missing, yet the manifest lists it",
+            raise BadRunFile(run.shown(name), "is missing, yet the manifest lists it",
                              "run `tokenshards verify`, or tokenize the run again") from e
-    read += (entry.tokens_bytes or 0) + (entry.docs_bytes or 0) + (entry.mask_bytes or 0)
-    return read
+    return (entry.tokens_bytes or 0) + (entry.docs_bytes or 0) + (entry.mask_bytes or 0)
 
 
 # -- where a command may write ---------------------------------------------------------------------
