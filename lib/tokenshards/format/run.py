@@ -22,12 +22,16 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from ..errors import UserError
+from ..namespaces import process_space
+from ..untrusted import open_regular, read_fd
+from ..storage.lease import LEASE_FILE, LEASE_LIMIT, LeaseRecord
 from ..storage.location import Location
 from ..storage.store import display_url
 from .arrays import NPY_HEAD_PROBE, NpyHeaderError, header_problem, read_npy_header
@@ -281,8 +285,8 @@ def check_destination(location: Location, option: str, *, may_be_a_run: bool = F
         why = _holds_a_run(location, folder)
         if why:
             where = "is the run" if folder == real else "is inside the run"
-            raise UserError(f"{shown}: {where} in {named} (it holds {why}); its files would mix with that run's and it "
-                            "would no longer verify: choose a folder outside it")
+            raise UserError(f"{shown}: {where} in {named}{_live_writer(location, folder)} (it holds {why}); its files "
+                            "would mix with that run's and it would no longer verify: choose a folder outside it")
 
 
 def _folders_up(location: Location, folder: str):
@@ -301,6 +305,24 @@ def _folders_up(location: Location, folder: str):
         if not parent or parent == folder or (not location.is_local and "/" not in folder):
             return
         folder = parent
+
+
+def _live_writer(location: Location, folder: str) -> str:
+    """", being written by ..." when a live run holds the lease of ``folder`` (``storage.lease``), else ""."""
+    path = os.path.join(folder, LEASE_FILE) if location.is_local else f"{folder}/{LEASE_FILE}"
+    try:
+        if location.is_local:
+            fd = open_regular(path)
+            try:
+                raw = read_fd(fd, limit=LEASE_LIMIT)
+            finally:
+                os.close(fd)
+        else:
+            raw = location.fs.cat_file(path, start=0, end=LEASE_LIMIT)
+    except (OSError, ValueError):
+        return ""
+    held, now = LeaseRecord.from_bytes(raw), time.time()
+    return f", being written by {held.describe(now)}" if held and not held.is_stale(now, space=process_space()) else ""
 
 
 def _holds_a_run(location: Location, folder: str) -> str | None:
