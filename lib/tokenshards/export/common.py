@@ -180,9 +180,12 @@ def _clear_unfinished(dest: Location, patterns: list[str]) -> None:
         markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
 
 
-def val_candidates(client: Client, parts: list[PartInfo], *, source: Source, val_tokens: int) -> np.ndarray:
-    """Per-partition candidates, then merges of MERGE_FAN_IN at a time, all on the cluster."""
-    leaves = runner.submit(client, partition_candidates, range(len(parts)), parts, source=source, val_tokens=val_tokens)
+def val_candidates(client: Client, parts: list[PartInfo], *, source: Source, val_tokens: int,
+                   check: bool = False) -> np.ndarray:
+    """Per-partition candidates, then merges of MERGE_FAN_IN at a time, all on the cluster; with
+    ``check``, each leaf first checks its partition's files (``write.check_source``)."""
+    leaves = runner.submit(client, partition_candidates, range(len(parts)), parts, source=source, val_tokens=val_tokens,
+                           check=check)
     root = runner.reduce_tree(client, leaves, valsplit.merge, fan_in=MERGE_FAN_IN, val_tokens=val_tokens)
     return runner.result_of(client, root, also_cancel=leaves, explain=lambda e: UserError(
         f"choosing validation documents failed: {type(e).__name__}: {e}"))
@@ -195,39 +198,44 @@ def paths_used(config: ExportConfig, runs: list[tuple[Location, object]]) -> lis
     return [*reads, machines.PathUse(option="--to", url=config.to, writes=True)]
 
 
-def check_sources(client: Client, runs: list[tuple[Source, list[PartInfo]]]) -> str:
-    """Every partition an export reads, checked on the cluster before a byte is written
+def check_sources(client: Client, source: Source, parts: list[PartInfo]) -> None:
+    """Every partition of a run an export reads, checked on the cluster before a byte is written
     (``write.check_source``): a tokens file whose bytes are not those its manifest records (or
-    whose header, ids or docs table is wrong) stops the export in one line naming it. Returns
-    what was checked, in words. Hashing costs ~1.8 s of CPU per GiB here, against ~4.8 s per GiB
-    for the copy it guards (docs/format-v1.md)."""
-    items = [(part, source) for source, parts in runs for part in parts]
-    if not items:
-        return ""
-    futures = runner.submit(client, check_source, [p for p, _ in items], [s for _, s in items])
-    read = runner.gather(client, futures, items, explain=runner.failure(
-        lambda item: f"checking {item[1].out.shown(item[0].entry.tokens_file)}"))
-    return (f"checked {counted(len(items), 'partition')} ({human(sum(read))}B): every tokens file's sha256, .npy header "
-            "and ids, every docs table")
+    whose header, ids, docs table or done record is wrong) stops the export in one line naming it.
+    Hashing costs ~1.8 s of CPU per GiB here, against ~4.8 s per GiB for the copy it guards
+    (docs/format-v1.md). An export that chooses validation documents checks each partition in the
+    same task (``val_candidates(check=True)``) instead."""
+    futures = runner.submit(client, check_source, parts, source=source)
+    runner.gather(client, futures, parts, explain=runner.failure(lambda part: f"checking {source.out.shown(part.entry.tokens_file)}"))
+
+
+def checked(runs: list[list[PartInfo]]) -> str:
+    """What an export checked of the runs it read, in words."""
+    parts = [p for run in runs for p in run]
+    read = sum((p.entry.tokens_bytes or 0) + (p.entry.docs_bytes or 0) + (p.entry.mask_bytes or 0) for p in parts)
+    return (f"checked {counted(len(parts), 'partition')} ({human(read)}B) before writing: every tokens file's sha256, "
+            ".npy header and ids, every docs table and done record")
 
 
 def split_validation(client: Client, runs: list, val_split: list[int], *,
                      announce: Callable[[str], None] | None = None) -> list[valsplit.Threshold | None]:
-    """Each run's validation documents, chosen on the cluster (``val_candidates``): ``runs[n]`` is
-    replaced by the run with its parts' ``val_docs``/``val_tokens`` set; returns each run's threshold
-    (None where ``val_split[n]`` asks for no validation set). Shuffled and packed exports share it."""
-    checked = check_sources(client, [(run.source, run.parts) for run in runs])
-    if announce is not None and checked:
-        announce(checked)
+    """Each run's validation documents, chosen on the cluster (``val_candidates``), each partition
+    of every run checked first (``check_sources``): ``runs[n]`` is replaced by the run with its parts'
+    ``val_docs``/``val_tokens`` set; returns each run's threshold (None where ``val_split[n]`` asks
+    for no validation set). Shuffled and packed exports share it."""
     thresholds: list[valsplit.Threshold | None] = []
     for n, (run, want) in enumerate(zip(runs, val_split)):
         threshold = None
         if want:
-            final = val_candidates(client, run.parts, source=run.source, val_tokens=want)
+            final = val_candidates(client, run.parts, source=run.source, val_tokens=want, check=True)
             threshold, vd, vt = valsplit.choose(final, n_parts=len(run.parts))
             parts = [dataclasses.replace(p, val_docs=int(d), val_tokens=int(t)) for p, d, t in zip(run.parts, vd, vt)]
             runs[n] = dataclasses.replace(run, parts=parts)
+        else:
+            check_sources(client, run.source, run.parts)
         thresholds.append(threshold)
+    if announce is not None:
+        announce(checked([run.parts for run in runs]))
     return thresholds
 
 

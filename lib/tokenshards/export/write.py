@@ -80,7 +80,11 @@ def check_source(part: PartInfo, source: Source) -> int:
 
 
 # -- validation candidates ----------------------------------------------------------------------
-def partition_candidates(k: int, part: PartInfo, *, source: Source, val_tokens: int) -> np.ndarray:
+def partition_candidates(k: int, part: PartInfo, *, source: Source, val_tokens: int, check: bool = False) -> np.ndarray:
+    """A partition's validation candidates; with ``check``, once its files passed ``check_source``
+    (the export's first read of the run: one pass over every partition, not two)."""
+    if check:
+        check_source(part, source)
     files = source_files(source, {k: part})
     docs = files.docs(k, columns=("id", "row", "length"))
     return candidates(hashes=id_hashes(docs.ids.to_pylist()), input_ordinal=part.input_ordinal, rows=docs.rows,

@@ -23,7 +23,7 @@ def parse_docs(raw: bytes) -> pa.Table:
     try:
         return pq.read_table(io.BytesIO(raw))
     except (pa.ArrowException, OSError, ValueError, TypeError, KeyError, IndexError) as e:
-        raise DocsError(f"not a parquet file Arrow can read ({type(e).__name__}: {_first_line(e)})") from e
+        raise DocsError(f"unreadable ({type(e).__name__}: {_first_line(e)}): not a parquet file Arrow can read") from e
 
 
 def _first_line(e: BaseException) -> str:
@@ -39,8 +39,8 @@ def docs_problems(docs: pa.Table, *, n_docs: int, n_tokens: int | None, n_rows: 
     if missing:
         return [f"lacks column(s) {', '.join(missing)} (has {', '.join(docs.column_names) or 'none'})"]
     problems = []
-    for c in ("row", "start", "length"):
-        if not pa.types.is_integer(docs.schema.field(c).type):
+    for c in ("row", "start", "length"):  # format v1 says int64: another width is another file than the run's
+        if docs.schema.field(c).type != pa.int64():
             problems.append(f"column {c!r} holds {docs.schema.field(c).type}, expected int64")
     if not (pa.types.is_string(docs.schema.field("id").type) or pa.types.is_large_string(docs.schema.field("id").type)):
         problems.append(f"column 'id' holds {docs.schema.field('id').type}, expected strings")

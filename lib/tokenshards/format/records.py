@@ -576,21 +576,22 @@ def job_file_problems(manifest: "Manifest", job: JobRecord) -> list[str]:
     """A finished run's manifest against its job file, written first from the same job identity:
     the settings both record are equal, and every input of the manifest is one of the job file's
     with the same rows and bytes (a growth under way has added more there). A manifest edited
-    after the run (a vocabulary, an eot, an input's size) disagrees. Pure."""
+    after the run (a vocabulary, an eot, an input's size) disagrees: one problem naming what
+    differs, as a done record's (``done_problems``). Pure."""
     recorded = job.identity
     ours = {"encoding": manifest.encoding.to_dict(), "encoding_sha256": manifest.encoding_sha256,
             "eot_position": manifest.eot_position, "text_column": manifest.text_column,
             "partition_bytes": manifest.partition_bytes}
-    problems = [f"{key} {_show(ours[key])} is not the job file's {_show(recorded[key])}"
-                for key in JOB_SHARED if key in recorded and ours[key] is not None and ours[key] != recorded[key]]
+    differ = [f"{key}: {_show(recorded[key])} vs manifest {_show(ours[key])}"
+              for key in JOB_SHARED if key in recorded and ours[key] is not None and ours[key] != recorded[key]]
     theirs = {i.path: (i.rows, i.bytes) for i in job.inputs}
     for i in manifest.input_records:
         if i.path not in theirs:
-            problems.append(f"input {_show(i.path)} is not among the job file's inputs")
+            differ.append(f"the manifest's input {_show(i.path)} is not among its inputs")
         elif theirs[i.path] != (i.rows, i.bytes) and None not in theirs[i.path]:
-            problems.append(f"input {_show(i.path)} has rows {i.rows} and bytes {i.bytes}, the job file records "
-                            f"{theirs[i.path][0]} and {theirs[i.path][1]}")
-    return problems
+            differ.append(f"input {_show(i.path)}: rows and bytes {theirs[i.path]} vs manifest {(i.rows, i.bytes)}")
+    return [f"disagrees with manifest.json ({'; '.join(differ[:3])}"
+            + (f"; and {len(differ) - 3} more" if len(differ) > 3 else "") + ")"] if differ else []
 
 
 @dataclass(frozen=True, kw_only=True)

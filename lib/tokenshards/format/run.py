@@ -209,16 +209,16 @@ def read_array(run: Location, relative: str, *, dtype: str, length: int, sha256:
 # -- docs tables ----------------------------------------------------------------------------------
 
 def check_docs(run: Location, entry: PartitionEntry, raw: bytes) -> pa.Table:
-    """A docs file's bytes checked against its entry: its sha256 (where the run recorded one), then
-    every row (``docs.docs_problems``); the table."""
+    """A docs file's bytes checked against its entry: a parquet file, of the sha256 the run recorded
+    (where it did), then every row (``docs.docs_problems``); the table."""
+    try:
+        table = parse_docs(raw)
+    except DocsError as e:
+        raise BadRunFile(run.shown(entry.docs_file), str(e), "the output is damaged: run `tokenshards verify`") from e
     if entry.docs_sha256 is not None and (found := hashlib.sha256(raw).hexdigest()) != entry.docs_sha256:
         raise BadRunFile(run.shown(entry.docs_file), f"sha256 {found[:12]}… is not the {entry.docs_sha256[:12]}… its "
                          "run recorded: the file changed after the run",
                          "run `tokenshards verify`, or tokenize the run again")
-    try:
-        table = parse_docs(raw)
-    except DocsError as e:
-        raise BadRunFile(run.shown(entry.docs_file), str(e)) from e
     problems = docs_problems(table, n_docs=entry.docs, n_tokens=entry.tokens, n_rows=entry.rows)
     if problems:
         raise BadRunFile(run.shown(entry.docs_file), _first(problems), "run `tokenshards verify`")
@@ -429,7 +429,7 @@ def commit_problems(run: Location, manifest: Manifest) -> list[str]:
         return []
     except BadRunFile as e:
         return [f"{JOB_FILE}: {e.problem}"]
-    return [f"{MANIFEST}: {p}" for p in job_file_problems(manifest, job)]
+    return [f"{JOB_FILE}: {p}" for p in job_file_problems(manifest, job)]
 
 
 def check_commit(run: Location, manifest: Manifest, *, done_records: bool) -> None:

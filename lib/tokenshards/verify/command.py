@@ -145,7 +145,7 @@ def _verify_partition(entry: PartitionEntry, sample: list[int], *, out: str, sto
         try:
             docs = parse_docs(raw)
         except DocsError as e:
-            problems.append(f"{where}: {entry.docs_file} unreadable ({e})")
+            problems.append(f"{where}: {entry.docs_file} {e}")
         else:
             if entry.docs_sha256 is not None and hashlib.sha256(raw).hexdigest() != entry.docs_sha256:
                 problems.append(f"{where}: {entry.docs_file}: sha256 {hashlib.sha256(raw).hexdigest()[:12]}… != "
