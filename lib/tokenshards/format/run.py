@@ -278,8 +278,9 @@ def check_destination(location: Location, option: str, *, may_be_a_run: bool = F
         if is_file:
             if folder == real:
                 raise UserError(f"{shown}: is an existing file, not a folder; choose a folder (it is made if missing)")
-            raise UserError(f"{shown}: {named} is a file, not a folder, so nothing can be written under it; "
-                            "choose another folder")
+            what = "output" if option == "--out" else option  # as ensure_writable says it of an --out
+            raise UserError(f"cannot write to {what} {location.url!r}: {named} is a file, not a folder, so nothing can "
+                            f"be written under it; choose another {option}")
         if folder == real and may_be_a_run:
             continue
         why = _holds_a_run(location, folder)
