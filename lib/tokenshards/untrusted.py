@@ -103,7 +103,8 @@ def parse_json(raw: bytes | str):
     """JSON nothing vouches for: ``JsonError`` for bytes that are not UTF-8 JSON, nest deeper than
     ``MAX_DEPTH`` (looked at before the parser recurses) or hold NaN or Infinity."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else bytes(raw)
-    if (depth := json_depth(data)) > MAX_DEPTH:
+    # Fewer opening brackets than the bound cannot nest past it: most records skip the scan.
+    if data.count(b"[") + data.count(b"{") > MAX_DEPTH and (depth := json_depth(data)) > MAX_DEPTH:
         raise JsonError(f"nested {depth:,} levels deep, more than a record may be ({MAX_DEPTH})")
     try:
         return json.loads(data, parse_constant=_no_constant)
