@@ -17,7 +17,8 @@ of the job's shape (``dask_floor.py``), and the encodings case times gpt2
 and cl100k_base in one command against one command each (issue 25; ``encodings_at_once.py``); the
 tokenizers case times Llama 3 and Qwen3 against bare gigatoken, datatrove and Megatron with those
 tokenizers, and against our gpt2 rate on the same text (issue 44; ``tokenizers_case.py``, which also
-runs alone at 1 GB: bench/results-tokenizers.json).
+runs alone at 1 GB: bench/results-tokenizers.json); the chat case times a chat run against a plain run of
+the same text (issue 54; ``chat_case.py``, which also runs alone, before and after a change).
 
     python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--lang all,en] [--megatron-src DIR]
     python bench/run.py --mb 1000 --lang all,en --default-only --memory-scale 0 --skip-export \
@@ -51,6 +52,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from harness import (BIN, HELD_OUT_SEED, HERE, SHARED, build_corpus, median, prepare_peer, ratio, rotated, run_metered,
                      run_ours, run_peer)
+from chat_case import describe as describe_chat
+from chat_case import measure as measure_chat
 from tokenizers_case import describe as describe_tokenizers
 from tokenizers_case import measure as measure_tokenizers
 
@@ -469,6 +472,10 @@ def print_encodings(e: dict) -> None:
           f"{e['outputs_identical_to_separate_runs']}")
 
 
+CHAT_MB = 20
+"""Text of the chat case: chat runs go ~0.2-0.3x the rate of plain ones."""
+
+
 def tokenizers_case(corpus: Path, a, scratch: Path, peer) -> dict:
     """Issue 44: Llama 3 and Qwen3 on the corpus just measured (``tokenizers_case.measure``)."""
     return measure_tokenizers(corpus, workers=a.workers, repeats=a.repeats, scratch=scratch / "tokenizers", peer=peer,
@@ -494,6 +501,9 @@ def main() -> None:
     ap.add_argument("--tokenizers-case", action=argparse.BooleanOptionalAction, default=True,
                     help="Llama 3 and Qwen3 against bare gigatoken, datatrove and Megatron, on the first corpus "
                          "(default on; bench/tokenizers_case.py runs it alone)")
+    ap.add_argument("--chat-case", action=argparse.BooleanOptionalAction, default=True,
+                    help="a chat run's rate against a plain run of the same text (default on; bench/chat_case.py runs "
+                         "it alone, and before/after a change with --before)")
     ap.add_argument("--megatron-src", type=Path, default=os.environ.get("MEGATRON_SRC") or None,
                     help="Megatron-LM git repository or checkout for the peer (default $MEGATRON_SRC)")
     ap.add_argument("--default-only", action="store_true",
@@ -572,6 +582,10 @@ def main() -> None:
         if a.tokenizers_case:
             results["tokenizers"] = tokenizers_case(corpus, a, scratch, peer)
             print("\n".join(describe_tokenizers(results["tokenizers"])))
+        if a.chat_case:  # its own corpus (conversations cut from the held-out text), CHAT_MB of it
+            results["chat"] = measure_chat(mb=CHAT_MB, repeats=a.repeats, workers=a.workers, before=None,
+                                           scratch=scratch / "chat", cache=a.scratch)
+            describe_chat(results["chat"])
     a.out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"written to {a.out}")
 

@@ -4,10 +4,21 @@ The reference is our ``npy`` export with the same options (its ``.npy`` shards r
 ``np.load``): a format's reader must give the same token stream per split, in the same order, and
 the same documents, each whole with its eot. Cases: plain, shuffled, a mixture of two runs (all
 GPT-2, uint16) and a cl100k_base run (100,277 ids: uint32).
+
+The reference itself is judged first, from the runs' part files alone (``readback``), never
+taken on trust: a plain one must hold the manifest's documents in order (``expected_docs``); a
+shuffled or mixed one (``npy_streams``) what docs/exports/shuffle-mix.md promises: the same
+validation set as a plain export's (a mixture's divided by weight), every train document once and
+not in manifest order; a mixture's runs each giving ``weight x --tokens`` train tokens, overshooting
+by less than one document, each of their documents the same number of times give or take one.
+Only the seeded order itself is our code's alone, the same in every format's reader.
 """
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -62,13 +73,49 @@ def eot_of(out: Path) -> int:
 
 
 def npy_streams(cluster, out: Path, to: Path, **options) -> dict[str, np.ndarray]:
-    """{split: tokens} of our ``npy`` export with these options (the reference)."""
+    """{split: tokens} of our ``npy`` export with these options (the reference), a shuffled or
+    mixed one checked against what such an export promises (the module's docstring)."""
     dest = export(cluster, out, to, format="npy", **options)
     streams = {}
     for split in ("val", "train"):
         shards = sorted(dest.glob(f"fineweb_{split}_*.npy"), key=lambda p: p.name[-10:])
         streams[split] = np.concatenate([np.load(p) for p in shards]) if shards else np.empty(0, np.uint16)
+    if options.get("mix_with"):
+        check_mixture([out, *map(Path, options["mix_with"])], streams, weights=options["weights"],
+                      tokens=options["tokens"], val_tokens=options["val_tokens"])
+    elif options.get("shuffle"):
+        check_shuffled(out, streams, val_tokens=options["val_tokens"])
     return streams
+
+
+def check_shuffled(out: Path, streams: dict[str, np.ndarray], *, val_tokens: int) -> None:
+    val, train = expected_split(out, val_tokens)
+    got = {split: docs_at_eot(streams[split], eot_of(out)) for split in ("val", "train")}
+    assert Counter(got["val"]) == Counter(map(tuple, val)), "a shuffled export's validation set is not the plain one's"
+    assert Counter(got["train"]) == Counter(map(tuple, train)), "not every train document once, whole"
+    assert got["train"] != [tuple(d) for d in train], "a shuffled export in manifest order"
+
+
+def check_mixture(runs: list[Path], streams: dict[str, np.ndarray], *, weights: tuple[float, ...], tokens: int,
+                  val_tokens: int) -> None:
+    """Each run's validation documents chosen as for it alone with its share of ``val_tokens``;
+    its train documents repeated whole, then topped up, to its share of ``tokens``."""
+    shares = [Fraction(repr(w)) / sum(Fraction(repr(v)) for v in weights) for w in weights]
+    assert all((val_tokens * w).denominator == 1 for w in shares), "pick weights that divide --val-tokens exactly"
+    splits = [expected_split(run, int(val_tokens * w)) for run, w in zip(runs, shares)]
+    eot = eot_of(runs[0])
+    assert Counter(docs_at_eot(streams["val"], eot)) == Counter(tuple(d) for val, _ in splits for d in val), \
+        "the validation set is not each run's own, by weight"
+    got = Counter(docs_at_eot(streams["train"], eot))
+    owned = [Counter(map(tuple, train)) for _, train in splits]
+    assert not set.intersection(*(set(o) for o in owned)), "the runs share a document: pick corpora that do not"
+    assert sum(got.values()) == sum(got[d] for o in owned for d in o), "a train document of no run's train set"
+    for own, w in zip(owned, shares):
+        target, size = math.ceil(w * tokens), sum(len(d) * n for d, n in own.items())
+        taken = sum(len(d) * got[d] for d in own)
+        assert target <= taken < target + max(map(len, own)), (taken, target)
+        epochs = target // size
+        assert all(epochs * n <= got[d] <= (epochs + 1) * n for d, n in own.items()), "not whole epochs, then a top-up"
 
 
 def docs_at_eot(tokens: np.ndarray, eot: int) -> list[tuple[int, ...]]:

@@ -101,7 +101,10 @@ def killed_export_leaves_nothing_committed(store, scheme: str, bucket: str, run:
     store.proxy.clear()
     left = [k.split(f"{bucket}/killed/", 1)[1] for k in fs.find(f"{bucket}/killed")]
     assert not [k for k in left if k.endswith((".bin", "_export.json"))], left
-    assert all(k.startswith(PARTS_FOLDER + "/") or k == ".tokenshards-lease.json" for k in left), left
+    # Besides its lease: the note of the files it was about to commit (export.common.begin_commits).
+    assert ".fineweb_export.json.unfinished" in left, left
+    assert all(k.startswith(PARTS_FOLDER + "/") or k in (".tokenshards-lease.json", ".fineweb_export.json.unfinished")
+               for k in left), left
 
     if any(k.startswith(PARTS_FOLDER + "/") for k in left):  # GCS: part objects, billed though hidden
         # Another export into the folder, of other names: it clears them too, under the folder's lease.

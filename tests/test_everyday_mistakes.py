@@ -122,11 +122,28 @@ def _cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run([TOKENSHARDS, *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_a_misspelled_option_gets_a_suggestion_and_the_subcommands_usage():
+def test_a_misspelled_option_gets_a_suggestion_in_one_line():
+    """argparse's own errors are one line like every other (issue 54: not its 14 lines of usage)."""
     proc = _cli("tokenize", "--inptu", "x", "--out", "y")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.startswith("usage: tokenshards tokenize ")
-    assert proc.stderr.strip().endswith("tokenshards tokenize: error: unrecognized arguments: --inptu x (did you mean --input?)")
+    assert proc.stderr == ("tokenshards: error: tokenize: unrecognized arguments: --inptu x (did you mean --input?) "
+                           "(see tokenshards tokenize --help)\n")
+
+
+@pytest.mark.parametrize("args, says", [
+    (("export", "run", "--format", "hf", "--to", "x", "--seq-len", "abc"), "argument --seq-len: invalid int value: 'abc'"),
+    (("export", "run", "--format", "hf", "--to", "x", "--pack", "first-fit"), "argument --pack: invalid choice: 'first-fit'"),
+    (("export", "run", "--to", "x"), "the following arguments are required: --format"),
+    (("frobnicate",), "invalid choice: 'frobnicate'"),
+])
+def test_argparses_own_errors_are_one_line(args, says, capsys):
+    from tokenshards.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(list(args))
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tokenshards: error: ") and says in err, err
 
 
 def test_debug_after_the_subcommand(tmp_path):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import datasets
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from huggingface_hub import snapshot_download
@@ -43,6 +45,19 @@ def export(cluster, run, name, **options) -> Path:
 
 def load(path: Path, tmp_path: Path, **kw):
     return datasets.load_dataset(str(path), cache_dir=str(tmp_path / "cache"), **kw)
+
+
+def pieces_of(ids: list[int], lengths: list[int], mask: list[int]) -> list[tuple[int, ...]]:
+    """A packed row's documents (or pieces of documents): its segments (``seq_lengths``) cover its N
+    tokens; where ``attention_mask`` marks padding (0s at the end), the last segment is that padding."""
+    assert sum(lengths) == N and min(lengths) > 0
+    filled = sum(mask)
+    assert mask == [1] * filled + [0] * (N - filled)
+    if filled < N:
+        assert lengths[-1] == N - filled
+        lengths = lengths[:-1]
+    at = np.cumsum([0] + lengths).tolist()
+    return [tuple(ids[a:b]) for a, b in zip(at[:-1], at[1:])]
 
 
 def test_document_rows_load_with_datasets_and_equal_the_run(cluster, run, tmp_path):
@@ -85,13 +100,16 @@ def test_best_fit_shuffled_rows_pad_and_load(cluster, run, tmp_path):
                 columns=("attention_mask",))
     _, train = run["split"]
     ds = load(to, tmp_path, split="train")
+    assert ds.column_names == ["input_ids", "seq_lengths", "attention_mask", "labels"]  # labels: padding is no target
     pieces = []
-    for ids, lengths, mask in zip(ds["input_ids"], ds["seq_lengths"], ds["attention_mask"]):
+    for ids, lengths, mask, labels in zip(ds["input_ids"], ds["seq_lengths"], ds["attention_mask"], ds["labels"]):
+        mine = pieces_of(ids, lengths, mask)
         at = 0
-        for n in lengths:
-            pieces.append(tuple(ids[at:at + n]))
-            at += n
-        assert mask == [1] * at + [0] * (N - at)
+        for piece in mine:
+            assert labels[at:at + len(piece)] == [-100, *piece[1:]]  # no target across a document's start
+            at += len(piece)
+        assert labels[at:] == [-100] * (N - at)  # nor on the padding
+        pieces += mine
     assert sorted(pieces) == sorted(tuple(d[i:i + N]) for d in train for i in range(0, len(d), N))
 
 
@@ -105,14 +123,29 @@ def test_shuffled_document_rows_are_a_permutation(cluster, run, tmp_path):
     assert all((again / p.relative_to(to)).read_bytes() == p.read_bytes() for p in to.rglob("*.parquet"))
 
 
-def test_row_groups_are_bounded(cluster, run):
-    """A shard is written row group by row group; each holds at most ~ROW_GROUP_TOKENS tokens."""
+def test_row_groups_are_bounded(cluster, tmp_path):
+    """A shard is written row group by row group; each holds at most ~ROW_GROUP_TOKENS tokens (a
+    row longer than that alone). The run holds 1.1 M tokens in one train shard, past the bound, so a
+    shard written as one row group fails (the module's run, ~15,000 tokens, never reached it)."""
     from tokenshards.export.packed import ROW_GROUP_TOKENS
 
-    to = export(cluster, run, "groups", format="hf", seq_len=N)
-    for p in to.rglob("*.parquet"):
-        meta = pq.ParquetFile(p).metadata
-        assert all(meta.row_group(g).num_rows * N <= max(ROW_GROUP_TOKENS, N) for g in range(meta.num_row_groups))
+    rng = np.random.default_rng(5)
+    words = np.array("the cat sat on a mat while dogs ran far away into green hills".split())
+    texts = [" ".join(rng.choice(words, 100_000)) for _ in range(11)]  # 100,000 gpt2 tokens each, one per word
+    pq.write_table(pa.table({"text": texts}), tmp_path / "big.parquet", row_group_size=1)
+    out = tokenize_to(cluster, tmp_path, tmp_path / "out")
+    tokens = json.loads((out / "manifest.json").read_text())["totals"]["tokens"]
+    assert tokens > ROW_GROUP_TOKENS
+    for seq_len in (N, None):  # packed rows, document rows
+        to = tmp_path / f"hf-{seq_len}"
+        run_export(ExportConfig(out=str(out), to=str(to), format="hf", seq_len=seq_len, val_tokens=0,
+                                scheduler=cluster.scheduler_address, progress="none"), announce=lambda m: None)
+        [shard] = to.rglob("*.parquet")
+        parquet = pq.ParquetFile(shard)
+        for g in range(parquet.metadata.num_row_groups):
+            lengths = pc.list_value_length(parquet.read_row_group(g, columns=["input_ids"])["input_ids"]).to_numpy()
+            assert lengths.sum() <= max(ROW_GROUP_TOKENS, lengths.max()), (seq_len, g, lengths.sum())
+        assert parquet.metadata.num_row_groups >= 2
 
 
 def test_hf_mistakes_are_one_line(cluster, run, tmp_path):
@@ -128,6 +161,7 @@ def test_hf_mistakes_are_one_line(cluster, run, tmp_path):
 
 def test_publish_to_the_hub_then_load_the_repo(cluster, run, hub, tmp_path, capsys):  # noqa: F811
     code = main(["export", str(run["out"]), "--format", "hf", "--seq-len", str(N), "--pack", "best-fit",
+                 "--columns", "position_ids,attention_mask",  # attention_mask: where each row's padding is
                  "--to", f"hf://datasets/{REPO}", "--val-tokens", str(VAL), "--create-repo",
                  "--scheduler", cluster.scheduler_address, "--progress", "none"])
     out = capsys.readouterr()
@@ -139,8 +173,8 @@ def test_publish_to_the_hub_then_load_the_repo(cluster, run, hub, tmp_path, caps
     ds = load(snap, tmp_path)
     val, train = run["split"]
     for split, docs in (("train", train), ("validation", val)):
-        got = [tuple(ids[at:at + n]) for ids, lengths in zip(ds[split]["input_ids"], ds[split]["seq_lengths"])
-               for at, n in zip(np.cumsum([0] + lengths[:-1]).tolist(), lengths)]
+        rows = zip(ds[split]["input_ids"], ds[split]["seq_lengths"], ds[split]["attention_mask"])
+        got = [piece for ids, lengths, mask in rows for piece in pieces_of(ids, lengths, mask)]
         assert sorted(got) == sorted(tuple(d[i:i + N]) for d in docs for i in range(0, len(d), N))
 
 

@@ -10,6 +10,7 @@ import pytest
 from tokenshards.errors import UserError
 from tokenshards.export import formats
 from tokenshards.export.config import ExportConfig
+from tokenshards.export.formats import hf
 from tokenshards.export.layout import Streams, chunk_file
 
 
@@ -23,7 +24,8 @@ def streams(val_docs: int = 3, val_tokens: int = 90) -> Streams:
 def test_every_format_names_its_files_and_carries_every_token_once(name, dtype):
     fmt = formats.get(name)
     assert fmt.name == name and fmt.reader and fmt.help
-    if getattr(fmt, "rows", False):  # written row group by row group (export/packed.py): tests/test_export_hf.py
+    if getattr(fmt, "rows", False):  # written row group by row group (export/packed.py): what it names is checked here
+        check_row_format_names(fmt)
         return
     try:
         stored = fmt.dtype(dtype)
@@ -47,6 +49,23 @@ def test_every_format_names_its_files_and_carries_every_token_once(name, dtype):
         for f in files:  # any chunking renders exactly the planned bytes (checked by the writer too)
             assert sum(c.nbytes for c in chunk_file(f, s, chunk_bytes=7)) == f.nbytes
         assert all(isinstance(n, str) for n in fmt.notes(files, plan))
+
+
+def check_row_format_names(fmt) -> None:
+    """A format written row group by row group (hf, the one) has no ``files``: the packed writer
+    names its shards with ``hf.shard_name``. Every such name is found again by the format's
+    patterns (--overwrite, leftovers, a killed export's rerun) for its own prefix only; the record,
+    the dataset card (``_check_card``'s) and the note of an unfinished export are not."""
+    assert fmt.name == "hf", f"{fmt.name}: a new row format: say here how the packed writer names its files"
+    with pytest.raises(NotImplementedError):  # a byte-range driver must never write it
+        fmt.files(streams(), formats.Plan(prefix="x", dtype="<u2", n_vocab=50_257, shard_tokens=40, min_shard_tokens=0))
+    names = [hf.shard_name("x", split, i) for split in ("train", "val") for i in (0, 1, 12345)]
+    assert len(set(names)) == len(names)
+    assert all(any(fnmatch.fnmatchcase(n, p) for p in fmt.patterns("x")) for n in names), (names, fmt.patterns("x"))
+    assert not any(fnmatch.fnmatchcase(n, p) for n in names for p in fmt.patterns("y"))
+    others = [fmt.record_name("x"), "README.md", f".{fmt.record_name('x')}.unfinished"]
+    assert not any(fnmatch.fnmatchcase(n, p) for n in others for p in fmt.patterns("x"))
+    assert {n.split("/")[0] for n in names} == {"train", "validation"}  # the splits datasets.load_dataset names
 
 
 def test_options_follow_the_registry():

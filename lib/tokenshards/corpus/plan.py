@@ -89,7 +89,7 @@ class Piece:
         return asdict(self)
 
 
-def read_input_metadata(url: str, name: str, *, text_column: str, id_column: str | None,
+def read_input_metadata(url: str, name: str, *, text_column: str, id_column: str | None, chat: bool = False,
                         storage_options: dict | None = None) -> InputFile:
     """Footer only: row counts, row groups and the text column's size. Runs on a worker."""
     fs, path = filesystem(url, storage_options)
@@ -99,14 +99,14 @@ def read_input_metadata(url: str, name: str, *, text_column: str, id_column: str
         with fs.open(path, "rb") as f:
             return identity, pq.ParquetFile(f).metadata
 
-    return input_from_footer(url, name, footer, text_column=text_column, id_column=id_column)
+    return input_from_footer(url, name, footer, text_column=text_column, id_column=id_column, chat=chat)
 
 
 def input_from_footer(url: str, name: str, footer: Callable[[], tuple[tuple, pq.FileMetaData]], *,
-                      text_column: str, id_column: str | None) -> InputFile:
+                      text_column: str, id_column: str | None, chat: bool = False) -> InputFile:
     """The ``InputFile`` of the file at ``url`` whose identity and metadata ``footer()`` gives,
     wherever it reads them (the file itself, or the Hub before the file is downloaded to ``url``):
-    the plan cannot tell the two apart."""
+    the plan cannot tell the two apart. ``chat``: ``text_column`` is ``--chat-column``'s."""
     try:
         identity, meta = footer()
         size = dict(identity)["size"]
@@ -119,9 +119,13 @@ def input_from_footer(url: str, name: str, footer: Callable[[], tuple[tuple, pq.
         raise UnreadableInput(f"{url}: not a readable parquet file ({str(e).splitlines()[0]})",
                               "re-download or remove it") from e
     if text_column not in schema.names:
-        raise InputError(f"{url}: no text column {text_column!r}; columns are {', '.join(schema.names)}"
-                         + ("; pass --text-column NAME" if text_column == "text" else ""))
+        raise InputError(f"{url}: no {'chat' if chat else 'text'} column {text_column!r}; columns are "
+                         f"{', '.join(schema.names)}" + ("; pass --text-column NAME" if text_column == "text" and not chat
+                                                         else ""))
     text_type = schema.field(text_column).type
+    if chat and not is_text_type(text_type) and not is_chat_type(text_type):
+        raise InputError(f"{url}: --chat-column {text_column!r} holds {text_type}; it must hold each row's messages: a "
+                         "list of {role, content} (or that list as JSON text)")
     if not is_text_type(text_type) and not is_chat_type(text_type):
         strings = [f.name for f in schema if is_text_type(f.type) and f.name != text_column]
         hint = (f"; string columns are {', '.join(strings)}" if strings else "; it has no string column")

@@ -12,11 +12,13 @@ built from the run's ``tokenizer.json`` + ``tokenizer_config.json``), so ids equ
   each token's characters to place the mask.
 - The mask: where the template marks generations (``{% generation %}``), the tokens overlapping
   a marked span (``return_assistant_tokens_mask=True``'s rule). Where it does not, the *turn
-  rule*: an assistant turn is what follows the conversation before it rendered with the
-  generation prompt (``messages[:i]``, ``add_generation_prompt=True``), up to and including the
-  first end-of-turn token the template writes after it (``tokenizer_config.json``'s
-  ``eos_token``: Qwen's ``<|im_end|>``, Llama 3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``).
-  A row where the whole rendering does not start with that prefix is a bad row (``unmaskable``).
+  rule*, read off the template's own renderings, never a token's name: an assistant turn starts
+  where the conversation before it, rendered with the generation prompt (``messages[:i]``,
+  ``add_generation_prompt=True``), ends, and ends where the conversation up to and including it
+  (``messages[:i + 1]``) stops agreeing with the whole rendering: the end-of-turn markup the
+  template writes for the turn is in it, nothing of the next turn is. A row whose rendering
+  does not start with that prompt, or whose turn the template writes otherwise once a later
+  message follows (Qwen3's empty thinking block), is a bad row (``unmaskable``): never a guess.
 
 A row's tools (``tokenize --tools-column``: JSON-schema function definitions beside the messages,
 as TRL's ``SFTTrainer`` reads a ``tools`` column) reach the template as ``apply_chat_template(messages,
@@ -181,11 +183,17 @@ class ChatTemplate:
         self.template = template
         self.marks_generation = bool(GENERATION_RE.search(template))
         self._ctu = ctu
-        self._control_re, _ = ctu._get_control_token_patterns(tokenizer._get_control_tokens(template))
+        control = tokenizer._get_control_tokens(template)
+        self._control_re, _ = ctu._get_control_token_patterns(control)
+        self._could_hold = frozenset(t[0] for t in control if t) | {ctu._CONTROL_TOKEN_START, ctu._CONTROL_TOKEN_END}
+        """A string holding none of these characters holds no control token and no marker."""
         _, self._markers_re = ctu._get_control_token_patterns(tuple(tokenizer.added_tokens_encoder))
         self._newline = tokenizer.encode("\n", add_special_tokens=False)
-        self.end_of_turn = tokenizer.eos_token
+        backend = tokenizer.backend_tokenizer
+        self._encode = lambda text: backend.encode(text, add_special_tokens=False)
+        """The ``tokenizers`` call ``tokenizer(text, add_special_tokens=False)`` makes, ids and offsets."""
         self._kwargs = dict(tokenizer.special_tokens_map)
+        check_turn_rule(template, self._kwargs)
         self._for_tools = ChatTemplate(tokenizer, tool_template) if tool_template and tool_template != template else None
         """The config's ``tool_use`` template, for rows given tools."""
 
@@ -199,8 +207,8 @@ class ChatTemplate:
         gives them, message and tool text as ordinary text) and its assistant mask."""
         if tools is not None and self._for_tools is not None:
             return self._for_tools.encode(messages, tools)
-        marked = self._ctu.mark_control_tokens(messages, self._control_re)
-        marked_tools = self._ctu.mark_control_tokens(tools, self._control_re)
+        marked = self._mark(messages)
+        marked_tools = self._mark(tools)
         try:
             text, spans = self._render(marked, marked_tools, generation=self.marks_generation)
             if not self.marks_generation:
@@ -209,8 +217,23 @@ class ChatTemplate:
                     return spans
         except TEMPLATE_ERRORS as e:  # the template's raise_exception, or a Jinja error on this conversation
             return BadRow("template_error", _one_line(e))
-        ids, offsets = self._encode_marked(text)
-        return ChatRow(ids=np.asarray(ids, dtype=np.int64), mask=_mask(offsets, spans))
+        ids, starts, ends = self._encode_marked(text)
+        return ChatRow(ids=np.asarray(ids, dtype=np.int64),
+                       mask=_mask(starts, ends, spans, whole=not self.marks_generation))
+
+    def _mark(self, obj):
+        """``mark_control_tokens(obj)``, called only on the strings that could hold a control token
+        or a marker: the others it returns as they are (its regex scan was ~5% of a chat row)."""
+        if isinstance(obj, str):
+            could = self._could_hold
+            if not any(c in obj for c in could):
+                return obj
+            return self._ctu.mark_control_tokens(obj, self._control_re)
+        if isinstance(obj, dict):
+            return {key: self._mark(value) for key, value in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [self._mark(value) for value in obj]
+        return obj
 
     def _render(self, messages, tools, *, generation: bool, prompt: bool = False) -> tuple[str, list]:
         rendered, indices = self._ctu.render_jinja_template(
@@ -220,96 +243,122 @@ class ChatTemplate:
 
     def _turn_spans(self, marked: list[dict], tools, text: str) -> list[tuple[int, int]] | BadRow:
         """The turn rule (module docstring), in the rendering's characters; each prefix rendered
-        with the row's tools, as the model is prompted."""
+        once, with the row's tools, as the model is prompted. A span's end may fall inside a token
+        of the next turn (a closing the template writes only where a conversation ends): ``_mask``
+        then leaves that token out."""
         spans = []
+        last = len(marked) - 1
         for i, m in enumerate(marked):
             if m["role"] != "assistant":
                 continue
-            before, _ = self._render(marked[:i], tools, generation=False, prompt=True)
-            if not text.startswith(before):
-                return BadRow("unmaskable", f"message {i} (assistant): the rendering does not start with the "
-                                            "conversation before it")
+            try:
+                before, _ = self._render(marked[:i], tools, generation=False, prompt=True)
+                turn = text if i == last else self._render(marked[:i + 1], tools, generation=False)[0]
+            except TEMPLATE_ERRORS as e:
+                return BadRow("unmaskable", f"message {i} (assistant): the template cannot render the conversation "
+                                            f"up to it on its own ({_one_line(e)})")
             start = len(before)
-            spans.append((start, self._end_of_turn(text, start)))
+            if not text.startswith(before) or not turn.startswith(before):
+                return BadRow("unmaskable", f"message {i} (assistant): the rendering does not start with the "
+                                            "conversation before it and its generation prompt")
+            end = start + _common_prefix(turn, text, start)
+            if end < len(turn) and end < self._closing_start(marked[:i + 1], tools, turn):
+                return BadRow("unmaskable", f"message {i} (assistant): the template renders this turn differently "
+                                            "once a later message follows")
+            spans.append((start, end))
         return spans
 
-    def _end_of_turn(self, text: str, start: int) -> int:
-        """One past the first end-of-turn token the template wrote at or after ``start`` (one a
-        message's text holds is marked: never taken); the end of the text if none."""
-        eot = self.end_of_turn
-        if not eot:
-            return len(text)
-        at = start
-        while (found := text.find(eot, at)) >= 0:
-            if found == 0 or text[found - 1] != self._ctu._CONTROL_TOKEN_START:
-                return found + len(eot)
-            at = found + 1
-        return len(text)
+    def _closing_start(self, marked: list[dict], tools, turn: str) -> int:
+        """Where the rendering ``turn`` of a conversation ending on an assistant turn starts to
+        write what the template puts only at the end of a conversation (Phi-3's ``eos_token``):
+        the first character it does not share with the same conversation rendered with a
+        generation prompt. Before it, the turn must be in the whole conversation's rendering."""
+        try:
+            prompted, _ = self._render(marked, tools, generation=False, prompt=True)
+        except TEMPLATE_ERRORS:
+            return len(turn)
+        return _common_prefix(turn, prompted, 0)
 
-    def _encode_marked(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """``encode_marked_chat``'s ids, with each token's characters in ``text``: marked control
-        tokens as plain text, lone markers dropped (still breaking the text), the rest as usual.
-        A marked token's pieces all get its whole span (the mask never splits a message's text)."""
+    def _encode_marked(self, text: str) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """``encode_marked_chat``'s ids, with each token's characters in ``text`` (starts, ends):
+        marked control tokens as plain text, lone markers dropped (still breaking the text), the
+        rest as usual. A marked token's pieces all get its whole span (the mask never splits a
+        message's text)."""
         ids: list[int] = []
-        offsets: list[tuple[int, int]] = []
+        starts: list[np.ndarray] = []
+        ends: list[np.ndarray] = []
         at, first = 0, True
         for m in self._markers_re.finditer(text):
             if m.start() > at:
-                self._piece(text[at:m.start()], at, as_text=False, first=first, ids=ids, offsets=offsets)
+                self._piece(text[at:m.start()], at, as_text=False, first=first, out=(ids, starts, ends))
             first = False
             if m.group(1) is not None:
-                self._piece(m.group(1), m.start(1), as_text=True, first=False, ids=ids, offsets=offsets)
+                self._piece(m.group(1), m.start(1), as_text=True, first=False, out=(ids, starts, ends))
             at = m.end()
         if at < len(text) or first:
-            self._piece(text[at:], at, as_text=False, first=first, ids=ids, offsets=offsets)
-        return ids, offsets
+            self._piece(text[at:], at, as_text=False, first=first, out=(ids, starts, ends))
+        if not starts:
+            return ids, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return ids, np.concatenate(starts), np.concatenate(ends)
 
-    def _piece(self, piece: str, base: int, *, as_text: bool, first: bool, ids: list, offsets: list) -> None:
+    def _piece(self, piece: str, base: int, *, as_text: bool, first: bool, out: tuple[list, list, list]) -> None:
         """``_encode_chat_piece``: a piece after the first is encoded after a newline (so a
-        SentencePiece tokenizer adds no prefix space), the newline's ids then removed."""
+        SentencePiece tokenizer adds no prefix space), the newline's ids then removed. Encoded by
+        the tokenizer's own backend (``tokenizers``), as ``tokenizer.encode`` does, offsets kept."""
         if not piece:
             return
-        tok = self.tokenizer
-        if as_text:
-            got = tok._encode_without_added_tokens("\n" + piece)
-            if got[:len(self._newline)] == self._newline:
-                got = got[len(self._newline):]
-            else:
-                got = tok._encode_without_added_tokens(piece)
-            ids += got
-            offsets += [(base, base + len(piece))] * len(got)
-            return
-        if first:
-            enc = tok(piece, add_special_tokens=False, return_offsets_mapping=True)
-            ids += enc["input_ids"]
-            offsets += [(base + a, base + b) for a, b in enc["offset_mapping"]]
-            return
-        enc = tok("\n" + piece, add_special_tokens=False, return_offsets_mapping=True)
-        got, where = enc["input_ids"], enc["offset_mapping"]
+        ids, starts, ends = out
         n = len(self._newline)
-        if got[:n] == self._newline:
-            ids += got[n:]
-            offsets += [(base + max(a - 1, 0), base + max(b - 1, 0)) for a, b in where[n:]]
+        if as_text:
+            tok = self.tokenizer
+            got = tok._encode_without_added_tokens("\n" + piece)
+            got = got[n:] if got[:n] == self._newline else tok._encode_without_added_tokens(piece)
+            ids += got
+            starts.append(np.full(len(got), base, np.int64))
+            ends.append(np.full(len(got), base + len(piece), np.int64))
+            return
+        shift = 0
+        if not first:
+            enc = self._encode("\n" + piece)
+            if enc.ids[:n] == self._newline:
+                got, where, shift = enc.ids[n:], enc.offsets[n:], 1
+            else:
+                enc = self._encode(piece)
+                got, where = enc.ids, enc.offsets
         else:
-            enc = tok(piece, add_special_tokens=False, return_offsets_mapping=True)
-            ids += enc["input_ids"]
-            offsets += [(base + a, base + b) for a, b in enc["offset_mapping"]]
+            enc = self._encode(piece)
+            got, where = enc.ids, enc.offsets
+        ids += got
+        where = np.asarray(where, dtype=np.int64).reshape(-1, 2)
+        starts.append(np.maximum(where[:, 0] - shift, 0) + base)
+        ends.append(np.maximum(where[:, 1] - shift, 0) + base)
 
 
-def _mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
-    """1 for every token overlapping a span: ``apply_chat_template``'s own pass (spans and
-    offsets both in order)."""
-    mask = np.zeros(len(offsets), dtype=np.uint8)
-    span = 0
-    spans = sorted(spans)
-    for i, (start, end) in enumerate(offsets):
-        while span < len(spans) and start >= spans[span][1]:
-            span += 1
-        if span == len(spans):
-            break
-        if end > spans[span][0]:
-            mask[i] = 1
+def _mask(starts: np.ndarray, ends: np.ndarray, spans: list[tuple[int, int]], *, whole: bool = False) -> np.ndarray:
+    """1 for every token overlapping a span (``apply_chat_template``'s own rule). ``whole`` (the
+    turn rule): not a token that runs past its span's end, which holds what follows the turn."""
+    mask = np.zeros(len(starts), dtype=np.uint8)
+    for lo, hi in spans:
+        inside = (ends > lo) & (starts < hi)
+        if whole:
+            inside &= ends <= hi
+        mask[inside] = 1
     return mask
+
+
+def _common_prefix(a: str, b: str, at: int) -> int:
+    """How many characters ``a`` and ``b`` share from index ``at`` on."""
+    n = min(len(a), len(b)) - at
+    if n <= 0 or a[at:at + n] == b[at:at + n]:
+        return max(n, 0)
+    lo, hi = 0, n  # a[at:at+lo] == b[at:at+lo], a[at:at+hi] != b[at:at+hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[at:at + mid] == b[at:at + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _one_line(e: BaseException) -> str:
@@ -317,16 +366,89 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:200]
 
 
-def build(payload: bytes, config: bytes, *, name: str) -> ChatTemplate:
+def build(payload: bytes, config: bytes, *, name: str, template: str | None = None) -> ChatTemplate:
     """The ``ChatTemplate`` of a Hugging Face tokenizer from its files' bytes, loaded as users load
-    it (``AutoTokenizer.from_pretrained`` on a folder holding the two files)."""
+    it (``AutoTokenizer.from_pretrained`` on a folder holding the two files); ``template``
+    (``--chat-template``) replaces the config's templates, every row rendered with it."""
     from transformers import AutoTokenizer  # heavy: transformers (~0.5 s), for chat runs only
 
     parsed = json.loads(config) if config else {}
-    template = template_of(parsed, name=name)
+    chosen = template if template is not None else template_of(parsed, name=name)
     with tempfile.TemporaryDirectory(prefix="tokenshards-chat-") as folder:
         for file, data in (("tokenizer.json", payload), ("tokenizer_config.json", config)):
             with open(os.path.join(folder, file), "wb") as f:
                 f.write(data)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    return ChatTemplate(tokenizer, template, tool_template=tool_template_of(parsed))
+    return ChatTemplate(tokenizer, chosen, tool_template=tool_template_of(parsed) if template is None else None)
+
+
+def read_template_file(path: str) -> str:
+    """``--chat-template FILE``'s text: a missing, unreadable, non-UTF-8 or empty file is one line."""
+    fix = "pass a file holding a Jinja chat template (such as a tokenizer's chat_template.jinja)"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_TEMPLATE_BYTES + 1)
+    except OSError as e:
+        raise UserError(f"--chat-template {path}: cannot read it ({e.strerror or type(e).__name__}); {fix}") from e
+    if len(data) > MAX_TEMPLATE_BYTES:
+        raise UserError(f"--chat-template {path}: over {MAX_TEMPLATE_BYTES // 1024} KiB, not a chat template; {fix}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"--chat-template {path}: not UTF-8 text ({e.reason} at byte {e.start}); {fix}") from e
+    if not text.strip():
+        raise UserError(f"--chat-template {path}: the file is empty; {fix}")
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        if "generation" not in str(e):  # transformers' own environment knows {% generation %}
+            raise UserError(f"--chat-template {path}: not a Jinja template (line {e.lineno}: {e.message}); {fix}") from e
+    return text
+
+
+MAX_TEMPLATE_BYTES = 1 << 20
+"""Real chat templates are a few KiB (gpt-oss's, among the longest, ~15 KiB)."""
+
+
+def special_tokens_of(config: dict) -> dict[str, str]:
+    """The special-token strings a template sees (``bos_token``, ``eos_token``, ...), as
+    ``apply_chat_template`` passes them, from a ``tokenizer_config.json`` (a token may be stored
+    as a string or as an AddedToken object)."""
+    out = {}
+    for key in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+        value = config.get(key) if isinstance(config, dict) else None
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def check_turn_rule(template: str, special_tokens: dict[str, str]) -> None:
+    """Refuse, in one line, a template whose turns the turn rule cannot read: one that writes the
+    same text with and without a generation prompt and, at the end of a conversation, more than its
+    turns (Llama 3 8B Instruct's first published template ends every conversation with an assistant
+    header), so that a conversation's last turn would seem to run on into a new one. A template with
+    no generation prompt whose turns follow each other as they are (Mistral's ``[INST] ... [/INST]``)
+    is read as any other. Templates that mark ``{% generation %}`` need no such reading."""
+    if GENERATION_RE.search(template):
+        return
+    from transformers.utils.chat_template_utils import render_jinja_template  # heavy: transformers
+
+    def render(messages, prompt=False):
+        return render_jinja_template(conversations=[messages], chat_template=template, add_generation_prompt=prompt,
+                                     **special_tokens)[0][0]
+
+    asked, answered = [{"role": "user", "content": "Hi"}], [{"role": "assistant", "content": "Hello"}]
+    try:
+        if render(asked) != render(asked, prompt=True):
+            return
+        ends = render(asked + answered)
+        follows = render(asked + answered + [{"role": "user", "content": "Bye"}])
+    except TEMPLATE_ERRORS:
+        return  # a template that refuses these is judged row by row
+    if not follows.startswith(ends):
+        raise UserError("the chat template writes the same text with and without add_generation_prompt and ends every "
+                        "conversation with more than its turns (a new assistant header?), so where an assistant turn "
+                        "ends cannot be read off its renderings and no assistant mask can be made; pass --chat-template "
+                        "FILE with a template that writes its generation prompt only when asked (the tokenizer's later "
+                        "revision) or one that marks {% generation %} (such as TRL's *_training.jinja)")

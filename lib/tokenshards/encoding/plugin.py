@@ -85,14 +85,16 @@ class WorkerEncoder:
         """The loaded tokenizer the plugin shipped (its files' bytes): what a chat run's template is built from."""
         return _worker_plugin(self.plugin).loaded
 
-    def chat_template(self):
-        """This worker's ``encoding.chat.ChatTemplate`` of the tokenizer, built on first use (loading
+    def chat_template(self, template: str | None = None):
+        """This worker's ``encoding.chat.ChatTemplate`` of the tokenizer (with ``template``, a run's
+        ``--chat-template``, instead of the tokenizer's own), built on first use (loading
         transformers' tokenizer takes a second or more) and kept for every later task."""
         plugin = _worker_plugin(self.plugin)
-        if getattr(plugin, "chat", None) is None:
+        built = getattr(plugin, "chat", None)
+        if built is None or built[0] != template:
             loaded = plugin.loaded
-            plugin.chat = chat.build(loaded.payload, loaded.extra, name=loaded.name)
-        return plugin.chat
+            plugin.chat = (template, chat.build(loaded.payload, loaded.extra, name=loaded.name, template=template))
+        return plugin.chat[1]
 
 
 def plugin_name(loaded, *, backend: str = "tiktoken") -> str:

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 from distributed import Client
 
+from .. import crashpoints
 from ..cluster import interrupt, machines, runner
 from ..cluster.progress import Progress
 from ..errors import UserError
@@ -117,13 +118,18 @@ def prepare_dest(dest: Location, config: ExportConfig) -> None:
     if config.overwrite:  # the record this export replaces may be another format's: its files go too
         patterns += earlier_format_patterns(dest, config)
     found = sorted({p for pattern in patterns for p in dest.glob(pattern)})
-    if found and not config.overwrite:
+    unfinished = unfinished_files(dest, config)
+    killed = unfinished is not None and {in_dest(dest, p) for p in found} <= unfinished - {record_of(config)}
+    if found and not (config.overwrite or killed):
         names = ", ".join(posixpath.basename(p) for p in found[:3]) + (" ..." if len(found) > 3 else "")
         raise UserError(f"{config.to} already holds an export ({names}); choose another --to or pass --overwrite to replace it")
     probe = dest.join(f"{WRITE_PROBE_PREFIX}{uuid.uuid4().hex}")
     try:
         for path in found:
             fs.rm(path)
+        if unfinished is not None or config.overwrite:  # after the files it vouches for
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm(dest.join(unfinished_name(config)))
         _clear_unfinished(dest, patterns)
         dest.remove_stale_probes()
         remove_stale_parts(fs, dest.root)  # GCS: a killed export's part objects, whatever names they were for
@@ -135,6 +141,51 @@ def prepare_dest(dest: Location, config: ExportConfig) -> None:
         with contextlib.suppress(Exception):
             if fs.exists(probe):
                 fs.rm(probe)
+
+
+def record_of(config: ExportConfig) -> str:
+    """The export record's name in DEST."""
+    return config.fmt.record_name(config.name_prefix)
+
+
+def unfinished_name(config: ExportConfig) -> str:
+    """The note an export leaves in DEST while it commits its files (``begin_commits``)."""
+    return f".{record_of(config)}.unfinished"
+
+
+def begin_commits(dest: Location, config: ExportConfig, names: list[str]) -> None:
+    """Before the first of an export's files appears under its name: a note in DEST listing them
+    all, removed once the record is written (``end_commits``). Files cannot all appear at once;
+    an export stopped between two commits leaves some without a record, and its rerun, finding
+    them listed here, knows they are that export's own, unfinished: it replaces them without
+    --overwrite, where files it cannot vouch for (another tool's, a finished export's) are refused."""
+    dest.write_json(unfinished_name(config), {"files": sorted(in_dest(dest, name) for name in names)})
+
+
+def end_commits(dest: Location, config: ExportConfig) -> None:
+    """The export's record is written: the note ``begin_commits`` left goes."""
+    with contextlib.suppress(FileNotFoundError):
+        dest.fs.rm(dest.join(unfinished_name(config)))
+
+
+def unfinished_files(dest: Location, config: ExportConfig) -> set[str] | None:
+    """The files an unfinished export of this record's name listed (``begin_commits``), or None
+    where it left no note (or one that is not such a note: it vouches for nothing)."""
+    try:  # read as the record it stands for (format.run: a regular file inside DEST, bounded)
+        note = read_record(dest, unfinished_name(config), kind="export record")
+    except (OSError, BadRunFile):
+        return None
+    files = note.get("files") if isinstance(note, dict) else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    return set(files)
+
+
+def in_dest(dest: Location, path: str) -> str:
+    """A path under DEST (as ``fs`` names it) relative to it, as the record names files; a
+    relative one as it is."""
+    root = dest.root.rstrip("/") + "/"
+    return path[len(root):] if path.startswith(root) else path
 
 
 def earlier_format_patterns(dest: Location, config: ExportConfig) -> list[str]:
@@ -264,9 +315,11 @@ def write_files(client: Client, files, streams: Streams, *, submit: Callable, de
                 client, futures, chunks, progress=progress, amount=lambda chunk, _: chunk.nbytes,
                 explain=lambda chunk, e: UserError(f"writing {config.to} failed: {type(e).__name__}: {e}")):
             etags[name][number] = etag
+        begin_commits(dest, config, [f.name for f in files])
         for f in files:
             interrupt.check()
             commit_target(dest.fs, targets.pop(f.name), etags[f.name])
+            crashpoints.reached(crashpoints.EXPORT_FILE, f.name)
     except BaseException:
         for target in targets.values():
             abort_target(dest.fs, target)
@@ -279,7 +332,9 @@ def finish(config: ExportConfig, *, record: ExportRecord, files: list[OutFile], 
     """Write the record (the last file of an export) in DEST, the folder ``lease`` guards, and say
     what was written."""
     lease.check()  # an export that stalled past its lease must not write its record over a successor's files
-    lease.location.write_json(config.fmt.record_name(config.name_prefix), record.to_dict())
+    lease.location.write_json(record_of(config), record.to_dict())
+    end_commits(lease.location, config)
+    crashpoints.reached(crashpoints.EXPORT_RECORD)
     notes = [*notes, *config.fmt.notes(files, plan)]
     if plan.mask and not any(isinstance(r, MaskRun) for f in files for r in f.regions):
         notes.append(f"this chat run's assistant mask has no place in {config.format}: its trainer takes the loss on "

@@ -210,20 +210,38 @@ def best_fit(lengths: np.ndarray, seq_len: int, *, window: int = WINDOW_DOCS, bo
 
 
 # -- what the writer makes of a sequence ------------------------------------------------------------
-def position_ids(piece_lengths: np.ndarray, bounds: np.ndarray, seq_len: int) -> np.ndarray:
-    """(sequences, seq_len) int32: 0, 1, ... restarting at each piece (document), the padding
-    after the last piece numbered as a piece of its own (flash-attention's packed-sequence check
-    and transformers' mask from position ids then keep it apart)."""
+def segments(piece_lengths: np.ndarray, bounds: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's segments as trainers read a packed row: its pieces (documents), then its padding,
+    where the row is not full, as one segment more; (lengths, bounds) as the pieces' are given.
+
+    A row's segments cover its ``seq_len`` tokens exactly: TRL's padding-free collator builds position
+    ids from them (``DataCollatorForLanguageModeling.get_position_ids_from_packed_seq_lengths``) and
+    flash-attention's varlen kernels take ``cu_seqlens = [0, *cumsum(lengths)]`` up to the last token.
+    The padding, a segment of its own, attends to itself alone and is never a target (labels -100)."""
+    piece_lengths = np.asarray(piece_lengths, np.int64)
+    bounds = np.asarray(bounds, np.int64)
     n = len(bounds) - 1
-    filled = np.add.reduceat(np.r_[piece_lengths, 0], bounds[:-1])[:n] if n else np.zeros(0, np.int64)
-    filled = np.where(bounds[1:] > bounds[:-1], filled, 0)
+    counts = np.diff(bounds)
+    row_of = np.repeat(np.arange(n), counts)
+    filled = np.bincount(row_of, weights=piece_lengths, minlength=n).astype(np.int64) if n else np.zeros(0, np.int64)
     pad = seq_len - filled
-    pieces = np.empty(len(piece_lengths) + n, np.int64)
-    # Each sequence's pieces then its padding, as one run of segment lengths.
-    slot = np.arange(len(piece_lengths)) + np.repeat(np.arange(n), np.diff(bounds))
-    pieces[slot] = piece_lengths
-    pieces[bounds[1:] + np.arange(n)] = pad
-    return ranges(np.zeros(len(pieces), np.int64), pieces).reshape(n, seq_len).astype(np.int32)
+    if (pad < 0).any():
+        raise ValueError(f"a row holds {int(filled.max())} tokens, more than seq_len={seq_len}")
+    padded = (pad > 0).astype(np.int64)
+    out_bounds = np.concatenate([[0], np.cumsum(counts + padded)]).astype(np.int64)
+    lengths = np.empty(int(out_bounds[-1]), np.int64)
+    lengths[np.arange(len(piece_lengths)) + np.repeat(out_bounds[:-1] - bounds[:-1], counts)] = piece_lengths
+    lengths[out_bounds[1:][padded == 1] - 1] = pad[padded == 1]
+    return lengths, out_bounds
+
+
+def position_ids(piece_lengths: np.ndarray, bounds: np.ndarray, seq_len: int) -> np.ndarray:
+    """(sequences, seq_len) int32: 0, 1, ... restarting at each segment (``segments``: each piece,
+    then the padding), as TRL's collator derives them from the segments' lengths; transformers'
+    mask from position ids (``masking_utils.find_packed_sequence_indices``) and flash-attention's
+    (``prepare_fa_kwargs_from_position_ids``) then keep the documents and the padding apart."""
+    lengths, _ = segments(piece_lengths, bounds, seq_len)
+    return ranges(np.zeros(len(lengths), np.int64), lengths).reshape(len(bounds) - 1, seq_len).astype(np.int32)
 
 
 # -- the order of sequences -----------------------------------------------------------------------

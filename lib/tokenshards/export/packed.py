@@ -29,6 +29,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import crashpoints
 from ..cluster import runner
 from ..cluster.progress import Progress
 from ..errors import UserError
@@ -37,13 +38,14 @@ from ..storage.location import Location
 from ..storage.store import temporary_beside
 from ..wording import counted
 from . import mix, order
-from .common import ExportSummary, export_record, prepare_dest, paths_used, split_validation
+from .common import (ExportSummary, begin_commits, end_commits, export_record, in_dest, prepare_dest, paths_used,
+                     split_validation)
 from .formats import base as format_base
 from .formats import PACKED_IN_TRAINER_FILES, hf, megatron, olmo
 from .formats.megatron import packed_index
 from .formats.npy import header
 from .formats.olmo import packed_documents, packed_names
-from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, sequence_order
+from .pack import Copies, PackSpec, Packing, pack, position_ids, ranges, segments, sequence_order
 from .shuffle import Catalog, open_runs
 from ..format.reader import MaskFiles, has_masks
 from .view import gather
@@ -112,7 +114,7 @@ class ShardTask:
     mask: bool = False
     """A chat run's: ``labels`` are -100 outside the assistant's tokens (hf), and npy gets a mask file."""
     label_mask: bool = False
-    """olmo: write the label mask (False on padding, and outside a chat run's assistant mask)."""
+    """olmo and npy: write the loss mask (False on padding, and outside a chat run's assistant mask)."""
 
 
 def pack_part(src: int, k: int, part: PartInfo, following: dict, *, source: Source, threshold, spec: PackSpec,
@@ -264,19 +266,26 @@ def _rows_of(task: ShardTask, r0: int, r1: int, p0: int, length: np.ndarray, bou
         train.reshape(-1)[at] = tokens.mask
         cols["mask"] = train
     if "attention_mask" in task.columns or "labels" in task.columns:
-        real = np.zeros((n, seq_len), dtype=bool)
-        real.reshape(-1)[at] = True
+        real = _real(n, seq_len, fill)
         if "attention_mask" in task.columns:
             cols["attention_mask"] = real.astype(np.int8)
         if "labels" in task.columns:
             labels = np.where(real if "mask" not in cols else real & (cols["mask"] == 1), ids, hf.LABEL_IGNORE)
-            # no loss on a document's first token: it would be predicted from another document
+            # no loss on a document's first token: it would be predicted from another document (TRL's
+            # padding-free collator and DataCollatorWithFlattening take none there either)
             piece_at = np.concatenate([[0], np.cumsum(piece_len)[:-1]]).astype(np.int64)
             row_of = np.repeat(np.arange(n), np.diff(b))
             row_start = np.concatenate([[0], np.cumsum(fill)[:-1]])
             labels.reshape(-1)[row_of * seq_len + piece_at - row_start[row_of]] = hf.LABEL_IGNORE
             cols["labels"] = labels
     return cols
+
+
+def _real(n: int, seq_len: int, fill: np.ndarray) -> np.ndarray:
+    """(n, seq_len) bool: True on a row's tokens, False on its padding."""
+    real = np.zeros((n, seq_len), dtype=bool)
+    real.reshape(-1)[ranges(np.arange(n, dtype=np.int64) * seq_len, fill)] = True
+    return real
 
 
 def _write_parquet(dest: Location, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
@@ -298,7 +307,8 @@ def _write_parquet(dest: Location, task: ShardTask, batches, length, bounds, fil
                     offsets = np.arange(n + 1, dtype=np.int64) * task.seq_len
                     arrays = {name: lists(a.reshape(-1), offsets, schema.field(name).type.value_type)
                               for name, a in cols.items() if name in schema.names}
-                    arrays["seq_lengths"] = lists(length[p0:p1], bounds[r0:r1 + 1] - p0, pa.int32())
+                    seg_len, seg_bounds = segments(length[p0:p1], bounds[r0:r1 + 1] - p0, task.seq_len)
+                    arrays["seq_lengths"] = lists(seg_len, seg_bounds, pa.int32())
                 else:
                     offsets = np.concatenate([[0], np.cumsum(filled[r0:r1])])
                     ids = np.asarray(tokens).astype(np.int64)
@@ -310,8 +320,9 @@ def _write_parquet(dest: Location, task: ShardTask, batches, length, bounds, fil
 
 
 def npy_names(prefix: str, split: str, index: int, columns: tuple[str, ...]) -> dict[str, str]:
-    """A packed npy shard's files: the (rows, N) ids, each row's document lengths (flat, with an
-    index of where each row's start), and position ids when asked."""
+    """A packed npy shard's files: the (rows, N) ids, each row's segment lengths (``pack.segments``:
+    its documents, then its padding; flat, with an index of where each row's start), position ids
+    when asked, and the loss mask where some token is not trained (best-fit's padding, a chat run's)."""
     base = f"{prefix}_{split}_{index:06d}"
     names = {"input_ids": f"{base}.npy", "seq_lengths": f"{base}.seq_lengths.npy", "seq_index": f"{base}.seq_index.npy"}
     if "position_ids" in columns:
@@ -322,7 +333,8 @@ def npy_names(prefix: str, split: str, index: int, columns: tuple[str, ...]) -> 
 
 
 def _write_npy(dest: Location, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
-    names = npy_names(task.prefix, task.split, task.index, task.columns + (("mask",) if task.mask else ()))
+    names = npy_names(task.prefix, task.split, task.index,
+                      task.columns + (("mask",) if task.mask or task.label_mask else ()))
     n, seq_len = task.rows, task.seq_len
     with contextlib.ExitStack() as stack:
         out = {key: stack.enter_context(_output(dest, name, written)) for key, name in names.items()}
@@ -336,10 +348,12 @@ def _write_npy(dest: Location, task: ShardTask, batches, length, bounds, filled,
             out["input_ids"].write(cols["input_ids"].astype(task.dtype).tobytes())
             if "position_ids" in out:
                 out["position_ids"].write(cols["position_ids"].astype("<i4").tobytes())
-            if "mask" in out:
-                out["mask"].write(cols["mask"].astype("|u1").tobytes())
-        out["seq_lengths"].write(header(dtype="<i4", count=len(length)) + length.astype("<i4").tobytes())
-        out["seq_index"].write(header(dtype="<i8", count=len(bounds)) + bounds.astype("<i8").tobytes())
+            if "mask" in out:  # a chat run's assistant mask (0 on padding), else 1 on the tokens
+                loss = cols["mask"] if "mask" in cols else _real(r1 - r0, task.seq_len, filled[r0:r1])
+                out["mask"].write(loss.astype("|u1").tobytes())
+        seg_len, seg_bounds = segments(length, bounds, task.seq_len)
+        out["seq_lengths"].write(header(dtype="<i4", count=len(seg_len)) + seg_len.astype("<i4").tobytes())
+        out["seq_index"].write(header(dtype="<i8", count=len(seg_bounds)) + seg_bounds.astype("<i8").tobytes())
 
 
 def _write_megatron(dest: Location, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
@@ -370,8 +384,7 @@ def _write_olmo(dest: Location, task: ShardTask, batches, length, bounds, filled
             starts = rows * task.seq_len + cum[:-1] - np.repeat(cum[b[:-1]], counts)
             out["documents"].write(packed_documents(starts, starts + piece_len, tokens=n_tokens))
             if "label_mask" in out:
-                real = np.zeros((r1 - r0, task.seq_len), dtype=bool)
-                real.reshape(-1)[ranges(np.arange(r1 - r0, dtype=np.int64) * task.seq_len, filled[r0:r1])] = True
+                real = _real(r1 - r0, task.seq_len, filled[r0:r1])
                 if "mask" in cols:
                     real &= cols["mask"] == 1
                 out["label_mask"].write(real.tobytes())
@@ -426,8 +439,8 @@ def run_packed_export(config, *, lease, announce: Callable[[str], None] = print)
     dtype = config.fmt.dtype(enc.dtype) if config.format != "hf" else enc.dtype
     columns = config.extra_columns if config.format not in PACKED_IN_TRAINER_FILES else ()
     mask = has_masks(manifest)
-    if mask and config.format == "hf" and "labels" not in columns:  # a chat run trains on the assistant alone
-        columns = (*columns, "labels")
+    if (mask or (spec.packed and spec.mode == "best-fit")) and config.format == "hf" and "labels" not in columns:
+        columns = (*columns, "labels")  # a chat run trains on the assistant alone; best-fit's padding is never a target
     pad_id = _trainer_pad(manifest) if config.format in PACKED_IN_TRAINER_FILES else _pad(manifest)
     sizes = [r.tokens for r in runs]
     val_split = mix.split_val(config.val_tokens, mix.weights_of(config.weights, sizes, names))
@@ -557,9 +570,11 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
         carried[dest.join(main)] = tokens  # side files: none
         got[task.split][0] += rows
         got[task.split][1] += tokens
+    begin_commits(dest, config, [path for path, _ in written])
     for path, tmp in sorted(written):
         if tmp:
             os.replace(tmp, path)
+        crashpoints.reached(crashpoints.EXPORT_FILE, in_dest(dest, path))
     rel = sorted((posixpath.relpath(p, dest.root) if dest.is_local else p[len(dest.root.rstrip("/")) + 1:],
                   carried.get(p, 0)) for p, _ in written)
     return _finish(config, runs, per_run, got, rel, spec=spec, columns=columns, dtype=dtype, seed=seed,
@@ -610,7 +625,9 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
                                 else ""))
                  if spec.packed else None),
         columns=(("input_ids", *(["label_mask"] if _label_mask(config, spec, runs[0].manifest) else []))
-                 if config.format in PACKED_IN_TRAINER_FILES else ("input_ids", *(["seq_lengths"] if spec.packed else []), *columns)),
+                 if config.format in PACKED_IN_TRAINER_FILES else
+                 ("input_ids", *(["seq_lengths"] if spec.packed else []), *columns,
+                  *(["mask"] if config.format == "npy" and _label_mask(config, spec, runs[0].manifest) else []))),
         order=Order(seed=seed, key="seeded Feistel permutation of whole rows (pack.permute)") if config.shuffled else None,
         sources=tuple(ExportSource(path=r.path, source_job=r.manifest.job, sequences=c.sequences, epochs=c.epochs,
                                    extra=c.extra) for r, c in zip(runs, copies["train"])),
@@ -620,7 +637,10 @@ def _finish(config, runs, per_run, got, files: list[tuple[str, int]], *, spec: P
     lease.check()
     if config.format == "hf":
         dest.write_atomic("README.md", hf.local_card(record).encode())
+        crashpoints.reached(crashpoints.EXPORT_CARD)
     dest.write_json(config.fmt.record_name(config.name_prefix), record.to_dict())
+    end_commits(dest, config)
+    crashpoints.reached(crashpoints.EXPORT_RECORD)
     return ExportSummary(to=config.to, files=[name for name, _ in files], val_docs=splits["val"].docs,
                          val_tokens=splits["val"].tokens, train_docs=splits["train"].docs,
                          train_tokens=splits["train"].tokens, seconds=time.perf_counter() - t0, notes=tuple(notes))
@@ -642,9 +662,10 @@ def _trainer_pad(manifest) -> int:
 
 
 def _label_mask(config, spec: PackSpec, manifest) -> bool:
-    """An olmo export writes a label mask where some token must stay out of the loss: best-fit's
-    padding, a chat run's prompts."""
-    return config.format == "olmo" and (spec.mode == "best-fit" or has_masks(manifest))
+    """An olmo or a packed npy export writes a loss mask where some token must stay out of the loss:
+    best-fit's padding (npy's ``seq_lengths`` count it as a segment, so they no longer say where it
+    is), a chat run's prompts."""
+    return config.format in ("olmo", "npy") and spec.packed and (spec.mode == "best-fit" or has_masks(manifest))
 
 
 def _trainer_notes(config, manifest, *, spec: PackSpec, dtype: str, padded: bool) -> list[str]:

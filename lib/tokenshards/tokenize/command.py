@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 import dask
 from distributed import Client, performance_report
 
+from .. import crashpoints
 from ..cluster import interrupt, machines, runner
 from ..format import v1 as manifest
 from ..format.run import check_destination
@@ -25,7 +26,8 @@ from ..encoding import prebuilt
 from ..encoding import registry
 from ..encoding.backends import backend_version, check_request
 from ..encoding.boundaries import Boundaries
-from ..encoding.chat import GENERATION_RE, template_of, tool_template_of
+from ..encoding.chat import (GENERATION_RE, check_turn_rule, read_template_file, special_tokens_of, template_of,
+                             tool_template_of)
 from ..encoding.plugin import EncoderPlugin
 from ..errors import UserError
 from ..corpus.gather import Corpus, find_inputs, gather, open_inputs
@@ -303,10 +305,13 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
         o.boundaries = o.config.boundaries(o.loaded)
         if config.chat_column is not None:
             o.chat = chat_block(config, o.loaded)
-            encoding_notes.append(f"chat: conversations in column {config.chat_column!r} rendered through "
-                                  f"{o.loaded.name}'s chat template; assistant tokens marked by "
+            whose = f"the chat template in {config.chat_template}" if config.chat_template is not None \
+                else f"{o.loaded.name}'s chat template"
+            encoding_notes.append(f"chat: conversations in column {config.chat_column!r} rendered through {whose}; "
+                                  "assistant tokens marked by "
                                   + ("its {% generation %} blocks" if o.chat["mask"] == "generation"
-                                     else "the turn rule (its template marks no {% generation %}: docs/chat.md)")
+                                     else "the turn rule (read off the template's renderings of each turn; it marks "
+                                          "no {% generation %}: docs/chat.md)")
                                   + _tools_note(config))
         elif not o.loaded.legacy or not o.boundaries.single:
             encoding_notes.append(o.about(f"boundaries: {o.boundaries.describe(o.loaded.token_name)} "
@@ -334,6 +339,7 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, outs: list[_Output], enc
             announce(note)
         growth = outs[0].growth
         corpus = gather(client, inputs, text_column=config.text_column, id_column=config.id_column,
+                        chat=config.chat_column is not None,
                         storage_options=config.storage_options, partition_bytes=config.partition_bytes,
                         on_bad_file=config.on_bad_file, announce=announce,
                         first_index=growth.first_index if growth is not None else 0)
@@ -442,9 +448,9 @@ def _task_settings(client: Client, o: _Output, config: TokenizeConfig) -> TaskSe
     return TaskSettings(out=o.config.out, storage_options=config.storage_options, encoder=plugin.ref,
                         dtype=o.loaded.dtype, boundaries=o.boundaries, job=o.parts_job,
                         text_column=config.text_column, on_bad_file=config.on_bad_file,
-                        backend=backend_version("transformers" if o.chat is not None else o.backend),
-                        chat=ChatSettings(on_bad_row=config.on_bad_row, tools=config.tools_to_read)
-                        if o.chat is not None else None)
+                        backend=backend_version("transformers" if o.chat is not None else o.backend), lease=o.lease.record.run,
+                        chat=ChatSettings(on_bad_row=config.on_bad_row, tools=config.tools_to_read,
+                                          template=o.chat.get("template")) if o.chat is not None else None)
 
 
 def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
@@ -459,6 +465,7 @@ def _commit(o: _Output, corpus: Corpus, *, t0: float) -> Summary:
     if o.growth is not None:
         result = o.growth.manifest(result, planned=o.growth.first_index + len(corpus.pieces))
     manifest.write_manifest(o.location, result)
+    crashpoints.reached(crashpoints.MANIFEST)
     totals = result.totals
     kept = len(o.growth.kept.partitions) if o.growth is not None else 0  # a growth's summary counts the whole run
     return Summary(out=o.config.out, partitions=kept + len(corpus.pieces), skipped_partitions=kept + len(o.committed),
@@ -531,18 +538,24 @@ def _tools_note(config: TokenizeConfig) -> str:
 
 
 def chat_block(config: TokenizeConfig, loaded) -> dict:
-    """The manifest's (and job identity's) ``chat`` block; a tokenizer without a chat template
-    is refused here, in one line, before any work."""
+    """The manifest's (and job identity's) ``chat`` block; a tokenizer without a chat template, or a
+    template whose turns cannot be read, is refused here, in one line, before any work.
+    ``--chat-template``'s text is recorded whole (``template``), so that verify renders with it."""
     if getattr(loaded, "kind", "") != "hf":
         raise UserError(f"--chat-column needs a Hugging Face tokenizer with a chat template (tokenizer.json + "
                         f"tokenizer_config.json, a folder or a Hub repo id); --encoding {config.encoding} is a "
                         f"{getattr(loaded, 'kind', 'tiktoken')} tokenizer, which has none")
     parsed = json.loads(loaded.extra) if loaded.extra else {}
-    template, tool_template = template_of(parsed, name=config.encoding), tool_template_of(parsed)
+    if config.chat_template is not None:
+        template, tool_template = read_template_file(config.chat_template), None
+        given = {"template_file": config.chat_template, "template": template}
+    else:
+        template, tool_template, given = template_of(parsed, name=config.encoding), tool_template_of(parsed), {}
+    check_turn_rule(template, special_tokens_of(parsed))
     tool_use = {"tool_use_template_sha256": hashlib.sha256(tool_template.encode()).hexdigest()} if tool_template else {}
     return {"column": config.chat_column, "template_sha256": hashlib.sha256(template.encode()).hexdigest(), **tool_use,
-            "mask": "generation" if GENERATION_RE.search(template) else "turn", "mask_file": "uint8 per token",
-            "tools_column": config.tools_column, "on_bad_row": config.on_bad_row}
+            **given, "mask": "generation" if GENERATION_RE.search(template) else "turn",
+            "mask_file": "uint8 per token", "tools_column": config.tools_column, "on_bad_row": config.on_bad_row}
 
 
 def _clear_leftovers(out: Location) -> None:

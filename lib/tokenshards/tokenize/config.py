@@ -58,6 +58,9 @@ class TokenizeConfig(RunOptions):
     """``--tools-column``: each chat row's tools (``encoding.chat.tools_of``) come from this column:
     ``auto``, a column named ``tools`` where an input has one (as TRL's ``SFTTrainer`` reads it);
     ``none``, no tools; else the column of that name, which every input must have."""
+    chat_template: str | None = None
+    """``--chat-template``: a file holding the Jinja chat template conversations are rendered with,
+    instead of the tokenizer's own (a training template that marks ``{% generation %}``)."""
     more_outputs: tuple[Output, ...] = ()
     """Further (encoding, OUT) pairs (``--encoding``/``--out`` repeated), written from the same
     reads: each OUT gets what a run of its encoding alone writes there."""
@@ -95,6 +98,8 @@ class TokenizeConfig(RunOptions):
                 raise UserError("--on-bad-row is about chat rows: add --chat-column COLUMN (or drop --on-bad-row)")
             if self.tools_column != TOOLS_AUTO:
                 raise UserError("--tools-column is about chat rows: add --chat-column COLUMN (or drop --tools-column)")
+            if self.chat_template is not None:
+                raise UserError("--chat-template is about chat rows: add --chat-column COLUMN (or drop --chat-template)")
             return
         if self.tools_column == self.chat_column:
             raise UserError(f"--tools-column {self.tools_column} is also --chat-column: the tools are a column of "

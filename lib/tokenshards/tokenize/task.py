@@ -9,6 +9,7 @@ encodings reads a piece once and writes it for each output that lacks it (``writ
 from __future__ import annotations
 
 import dataclasses
+import os
 import pickle
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import pyarrow.compute as pc
 from dask.sizeof import sizeof
 from distributed.protocol import dask_deserialize, dask_serialize
 
+from .. import crashpoints
 from ..corpus.plan import Piece, is_chat_type
 from ..corpus.read import (READ_AT, frame_of, keep_columns, kept_columns, piece_columns, piece_tools, read_piece,
                            unreadable_reason, utf8_or_null)
@@ -29,7 +31,8 @@ from ..encoding.plugin import WorkerEncoder
 from ..errors import InputError
 from ..format import v1
 from ..format.v1 import PartitionEntry
-from ..storage.store import begin_write, filesystem, join, write_atomic
+from ..storage.lease import LEASE_FILE, LeaseLost, LeaseRecord
+from ..storage.store import begin_write, filesystem, is_local, join, write_atomic
 from .chat import ChatBatch, bad_row_line, tokenize_chats
 from .core import tokenize_column
 
@@ -89,6 +92,9 @@ class TaskSettings:
     done record: a resumed run may have written its partitions with another."""
     chat: ChatSettings | None = None
     """A chat run's (``--chat-column``): rows are conversations, written with an assistant mask."""
+    lease: str = ""
+    """The run id of the lease this run holds on OUT (``storage.lease``), looked at before each
+    done record is written; empty: not looked at (a caller that holds no lease)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +103,8 @@ class ChatSettings:
     tools: tuple[str, bool] | None = None
     """The tools column read beside the messages and whether every input must have it
     (``corpus.plan.tools_to_read``), or None."""
+    template: str | None = None
+    """``--chat-template``'s text, rendered with instead of the tokenizer's own; None: its own."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,16 +230,41 @@ def write_outputs(frame: pd.DataFrame, piece: Piece, *, settings: Sequence[TaskS
                                        bad_rows=chats.bad if chats is not None else None,
                                        bad_row_numbers=all_rows[list(chats.bad_positions)].tolist() if chats else ())
             write_atomic(fs, join(root, files.entry.docs_file), files.docs)
+            crashpoints.reached(crashpoints.DOCS, piece.index)
             if mask_bytes is not None:  # committed with the tokens: the done record below names it
                 write_atomic(fs, join(root, files.entry.mask_file), mask_bytes)
+                crashpoints.reached(crashpoints.MASK, piece.index)
         except BaseException:
             tokens.abort()
             raise
         tokens.finish()
-        # Its presence is what commits the partition: it goes only once both data files are whole.
+        crashpoints.reached(crashpoints.TOKENS, piece.index)
+        # Its presence is what commits the partition: it goes only once both data files are whole,
+        # and only while this run still holds OUT (a run that stalled past its lease commits nothing).
+        check_lease(fs, root, each, piece)
         write_atomic(fs, join(root, v1.done_file(piece.index)), v1.DoneRecord(entry=files.entry, job=each.job).to_bytes())
+        crashpoints.reached(crashpoints.DONE, piece.index)
         results.append(TaskResult(piece=piece, entry=files.entry, started=started, finished=time.time()))
     return results
+
+
+def check_lease(fs, root: str, settings: TaskSettings, piece: Piece) -> None:
+    """``LeaseLost`` unless OUT's lease is still this run's: a run whose client stalled past the
+    lease (a suspended machine) and was taken over must not commit partitions into its successor's
+    OUT, whose files they could replace. One small read per partition; what is left is the moment
+    between this read and the done record's write."""
+    if not settings.lease:
+        return
+    path = join(root, LEASE_FILE)
+    try:
+        # A local one that is not a regular file (a FIFO put there) is never opened: it would hang.
+        held = LeaseRecord.from_bytes(fs.cat_file(path)) if not is_local(fs) or os.path.isfile(path) else None
+    except FileNotFoundError:
+        held = None
+    if held is None or held.run != settings.lease:
+        by = held.describe(time.time()) if held is not None else "nobody (its lease file is gone or unreadable)"
+        raise LeaseLost(f"{settings.out}: this run lost its lease to {by}; partition {piece.index} was not committed "
+                        "and no manifest will be written: OUT is that run's now")
 
 
 def _check_column_kind(column, piece: Piece, settings: TaskSettings) -> None:
@@ -249,7 +282,7 @@ def _check_column_kind(column, piece: Piece, settings: TaskSettings) -> None:
 def _chat_batch(column, rows: np.ndarray, piece: Piece, *, settings: TaskSettings, tools=None) -> ChatBatch:
     """The piece's conversations (with their ``tools`` where the input has a tools column)
     tokenized; a malformed row stops the task in one line unless ``--on-bad-row skip``."""
-    chats = tokenize_chats(column.to_pylist(), settings.encoder.chat_template(), dtype=settings.dtype,
+    chats = tokenize_chats(column.to_pylist(), settings.encoder.chat_template(settings.chat.template), dtype=settings.dtype,
                            tools=tools.to_pylist() if tools is not None else None)
     if chats.bad_positions and settings.chat.on_bad_row != "skip":
         raise InputError(bad_row_line(input=piece.input, row=int(rows[chats.bad_positions[0]]),

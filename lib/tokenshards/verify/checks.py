@@ -53,6 +53,8 @@ class Expected:
     """A chat run's (``tokenize --chat-column``): --deep renders the rows' conversations again."""
     tools: tuple[str, bool] | None = None
     """A chat run's tools column, read again with the messages (``corpus.plan.tools_to_read``)."""
+    chat_template: str | None = None
+    """A chat run's ``--chat-template`` text (its ``chat.template``), rendered with again; None: the tokenizer's own."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -216,7 +216,8 @@ def _compare_sample(entry: PartitionEntry, sample: list[int], docs: pa.Table, va
         if expected.chat:
             at = slice(starts[i], starts[i] + lengths[i])
             problems += _compare_chat(label, text, values[at], mask[at] if mask is not None else None,
-                                      template=expected.encoder.chat_template(), tools=tools.get(row))
+                                      template=expected.encoder.chat_template(expected.chat_template),
+                                      tools=tools.get(row))
             continue
         want = expected_document(reference.encode_one(text).tolist(), prefix=expected.prefix, suffix=expected.suffix)
         diff = compare_document(values[starts[i]:starts[i] + lengths[i]].tolist(), want)
@@ -296,6 +297,20 @@ def _not_parquet(url: str, storage_options: dict) -> str | None:
     if head != PARQUET_MAGIC or tail != PARQUET_MAGIC:
         return "is not a parquet file"
     return None
+
+
+def _chat_template(block: dict | None) -> str | None:
+    """The template a chat run rendered with, when it was given by ``--chat-template`` (recorded whole)."""
+    template = block.get("template") if isinstance(block, dict) else None
+    return template if isinstance(template, str) else None
+
+
+def _chat_template_problems(block: dict | None) -> list[str]:
+    """A recorded ``--chat-template`` must be the one whose sha256 the run's identity holds."""
+    template = _chat_template(block)
+    if template is None or hashlib.sha256(template.encode()).hexdigest() == block.get("template_sha256"):
+        return []
+    return ["manifest.json: chat.template is not the template whose sha256 chat.template_sha256 records"]
 
 
 def _chat_tools(block: dict | None) -> tuple[str, bool] | None:
@@ -379,7 +394,8 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     expected = Expected(dtype=enc.dtype, n_vocab=enc.n_vocab, eot=enc.eot, eot_position=manifest.eot_position,
                         prefix=prefix, suffix=suffix,
                         job=manifest.done_job(), text_column=manifest.text_column, chat=bool(manifest.extra.get("chat")),
-                        tools=_chat_tools(manifest.extra.get("chat")))
+                        tools=_chat_tools(manifest.extra.get("chat")), chat_template=_chat_template(manifest.extra.get("chat")))
+    problems += _chat_template_problems(manifest.extra.get("chat"))
     loaded = None
     if config.deep:
         loaded, encoding_problems = _deep_encoding(manifest, announce=announce, encoding=config.encoding)

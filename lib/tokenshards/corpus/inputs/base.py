@@ -22,6 +22,8 @@ class FooterRequest:
     id_column: str | None
     storage_options: dict = field(default_factory=dict)
     on_bad_file: str = "fail"
+    chat: bool = False
+    """``text_column`` is ``--chat-column``'s: it must hold conversations."""
 
 
 class Inputs(ABC):

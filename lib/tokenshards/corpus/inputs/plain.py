@@ -30,7 +30,7 @@ def read_footers(client: Client, sources: list[ListedInput], request: FooterRequ
         return []
     futures = runner.submit(client, read_input_or_bad, [s.url for s in sources], [s.name for s in sources],
                             on_bad_file=request.on_bad_file, text_column=request.text_column,
-                            id_column=request.id_column, storage_options=request.storage_options)
+                            id_column=request.id_column, storage_options=request.storage_options, chat=request.chat)
     return runner.gather(client, futures, sources, explain=_unreachable_input)
 
 

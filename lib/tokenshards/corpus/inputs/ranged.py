@@ -23,7 +23,7 @@ def ranged_footers(ds: HubDataset, listing: HubListing, files: dict[str, HubFile
         url, f = item
         return footer_or_bad(url, f.path, lambda: (identity(f), read_footer(ds, listing, f)),
                              on_bad_file=request.on_bad_file, text_column=request.text_column,
-                             id_column=request.id_column)
+                             id_column=request.id_column, chat=request.chat)
 
     if not files:
         return []

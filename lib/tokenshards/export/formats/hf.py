@@ -2,9 +2,11 @@
 ``configs``/``data_files`` YAML ``datasets.load_dataset`` and the Hub's viewer read.
 
 Rows are documents (``input_ids``), or with ``--seq-len N`` packed sequences of N tokens
-(``input_ids``, ``seq_lengths``: the documents' lengths in the row, and the columns asked with
-``--columns``). Parquet is not a byte layout tasks can write in pieces, so this format is written
-row group by row group by ``export/packed.py``, never through ``Format.files``.
+(``input_ids``, ``seq_lengths``: the lengths of the row's segments, its documents then its padding
+as one segment more, so that they cover the row as TRL's padding-free collator and flash-attention's
+cu_seqlens need; the columns asked with ``--columns``; ``labels`` where some token is not a target:
+a chat run's, best-fit's padding). Parquet is not a byte layout tasks can write in pieces, so this
+format is written row group by row group by ``export/packed.py``, never through ``Format.files``.
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ def local_card(record: ExportRecord) -> str:
     """The README.md an hf export writes beside its shards (a publish replaces it with the full card)."""
     splits = [f.split for f in record.files]
     packing = record.packing
-    rows = (f"sequences of {packing.seq_len:,} tokens ({packing.mode})" if packing and packing.seq_len
+    rows = (f"sequences of {packing.seq_len:,} tokens ({packing.mode}); `seq_lengths` cover each row: its "
+            "documents, then its padding (if any) as a segment of its own" if packing and packing.seq_len
             else "one document per row")
     lines = ["---", *configs_yaml(splits), "tags:", "- tokenshards", "- tokenized", "---", CARD_MARKER, "",
              f"# {record.encoding.name} tokens", "",
