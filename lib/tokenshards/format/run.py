@@ -300,8 +300,8 @@ def _folders_up(location: Location, folder: str):
                     yield folder, not os.path.isdir(folder)
             elif location.fs.exists(folder):
                 yield folder, location.fs.isfile(folder)
-        except OSError:
-            pass  # unreachable or not ours to look at: the write itself says so
+        except Exception:  # noqa: BLE001 -- unreachable, credentials refused (a store's own errors are no OSError):
+            pass  # the command's first write says so, in its own words (Location.ensure_writable, check_bucket)
         parent = os.path.dirname(folder) if location.is_local else folder.rsplit("/", 1)[0]
         if not parent or parent == folder or (not location.is_local and "/" not in folder):
             return
@@ -339,7 +339,7 @@ def _holds_a_run(location: Location, folder: str) -> str | None:
                 return f"{MANIFEST} and parts/"
             if fs.glob(inside(folder, "parts", "part-*.done.json")):
                 return "committed partitions in parts/"
-    except OSError:
+    except Exception:  # noqa: BLE001 -- as in _folders_up: the first write says what is wrong with the store
         return None
     return None
 
