@@ -329,7 +329,7 @@ def test_the_pristine_run_reads_as_before(run, tmp_path, cluster, capsys):
 
 # -- the same checks on an object store ------------------------------------------------------------
 
-def test_an_object_store_run_goes_through_the_same_checks(copy, s3, capsys):  # noqa: F811
+def test_an_object_store_run_goes_through_the_same_checks(copy, s3, capsys):
     """No links or FIFOs there, but headers, sizes, docs tables and kinds of object are checked alike:
     a big-endian tokens file (its sha256 rewritten), a docs table whose documents overlap (re-signed),
     and a "folder" where a done record belongs."""

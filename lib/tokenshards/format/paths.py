@@ -21,6 +21,7 @@ import stat
 
 from ..untrusted import UnsafeFile, file_kind, not_regular, open_regular, read_fd  # noqa: F401
 
+
 def relative_path_problem(path) -> str | None:
     """Why ``path`` is not a path inside OUT, relative to it (None: it is one). A manifest is input
     like any other: an absolute path, a ``..``, a scheme or a drive letter would let it name any
