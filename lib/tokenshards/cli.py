@@ -126,11 +126,11 @@ def _whole(text: str) -> int | float:
         return int(text)
     except ValueError:
         pass
-    try:
-        value = float(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number") from e
+    value = float(text)  # not a number at all: argparse's own "invalid int value: 'abc'"
     return int(value) if math.isfinite(value) and value.is_integer() else value
+
+
+_whole.__name__ = "int"  # what argparse names the type in its message for text that is no number
 
 
 def _print_lines(result) -> int:
