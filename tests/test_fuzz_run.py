@@ -452,6 +452,7 @@ def test_the_pristine_run_reads_and_resumes_as_itself(bench):
 @example(mutation=("docs", 0, "null:length", 1, 0, True))
 @example(mutation=("json", "manifest.json", 0, ("job",), DELETE))  # found: a manifest without its job was read
 @example(mutation=("docs", 0, "int32:length", 0, 0, True))  # found: an int32 column, re-signed, was kept
+@example(mutation=("json", "done", 0, ("docs_bytes",), DELETE))  # found: a rerun kept a record without its sizes
 @example(mutation=("npy", 3, "<u2", "column", True))
 @example(mutation=("npy", 3, "<u4", "same", True))
 def test_a_damaged_finished_run(bench, mutation):
@@ -476,6 +477,8 @@ def test_a_damaged_finished_run(bench, mutation):
 @example(mutation=("json", v1.JOB_FILE, 0, ("partitions",), DELETE))  # found: a change that changes nothing
 @example(mutation=("json", "done", 0, (0,), DELETE))  # found: a done record without its backend is kept
 @example(mutation=("docs", 0, "int32:length", 0, 0, True))  # found: an int32 column, re-signed, was kept
+@example(mutation=("json", "done", 0, ("docs_bytes",), DELETE))  # found: a rerun kept a record without its sizes
+@example(mutation=("json", "done", 0, ("docs_sha256",), DELETE))
 def test_a_damaged_unfinished_run_resumes_or_refuses(bench, mutation):
     """tokenize's rerun finishes the run byte-identical to the pristine one, or refuses in one line."""
     bench.reset(finished=False)

@@ -109,14 +109,32 @@ def committed_entries(out: Location, *, job: str, pieces: list[Piece], redo: lis
         found[entry.index] = entry
     if client is not None and encoding is not None:
         checked = _check_contents(client, out, [*found.values(), *(e for e, _ in growth_kept.values())], encoding)
-        for index, problem in checked.items():
-            if index in growth_kept:
-                entry, path = growth_kept[index]
-                _check_kept(entry, entry, problem, path=path, url=out.url)
-            found.pop(index, None)
-            if redo is not None:
-                redo.append(f"partition {index}: {problem}; redoing it")
+        for index, (problem, docs_sha256) in checked.items():
+            if problem is not None:
+                if index in growth_kept:
+                    entry, path = growth_kept[index]
+                    _check_kept(entry, entry, problem, path=path, url=out.url)
+                found.pop(index, None)
+                if redo is not None:
+                    redo.append(f"partition {index}: {problem}; redoing it")
+            elif index in found:
+                found[index] = _completed(out, found[index], sizes, docs_sha256=docs_sha256, job=job)
     return found
+
+
+def _completed(out: Location, entry: PartitionEntry, sizes: dict[str, int | None], *, docs_sha256: str,
+               job: str) -> PartitionEntry:
+    """A kept partition's entry with what its files were just checked to be, where its done record
+    lacks it (a record of a version that wrote no sizes or docs hash): its done record is written
+    again, so that the run's records say what a run of this version says. Its files are untouched."""
+    filled = dataclasses.replace(
+        entry, tokens_bytes=entry.tokens_bytes if entry.tokens_bytes is not None else sizes.get(entry.tokens_file),
+        docs_bytes=entry.docs_bytes if entry.docs_bytes is not None else sizes.get(entry.docs_file),
+        docs_sha256=entry.docs_sha256 or docs_sha256,
+        mask_bytes=entry.mask_bytes if entry.mask_bytes is not None or not entry.mask_file else sizes.get(entry.mask_file))
+    if filled != entry:
+        out.write_atomic(v1.done_file(entry.index), v1.DoneRecord(entry=filled, job=job).to_bytes())
+    return filled
 
 
 def _names_problem(entry: PartitionEntry, relative: str) -> str | None:
@@ -130,29 +148,35 @@ def _names_problem(entry: PartitionEntry, relative: str) -> str | None:
     return f"names {', '.join(wrong)}, not its own partition's files" if wrong else None
 
 
-def check_committed(entry: PartitionEntry, *, out: str, storage_options: dict, dtype: str, n_vocab: int) -> str | None:
-    """Worker task: why a committed partition's files cannot be kept, or None: each read back whole
-    and checked as every reader checks them (``format.run.check_partition``)."""
+def check_committed(entry: PartitionEntry, *, out: str, storage_options: dict, dtype: str,
+                    n_vocab: int) -> tuple[str | None, str | None]:
+    """Worker task: (why a committed partition's files cannot be kept, or None; its docs file's
+    sha256): each read back whole and checked as every reader checks them
+    (``format.run.check_partition``)."""
     run = Location.at(out, storage_options)
     try:
         run_files.check_partition(run, entry, dtype=dtype, n_vocab=n_vocab)
+        docs = entry.docs_sha256 or hashlib.sha256(run_files.read_bytes(run, entry.docs_file)).hexdigest()
     except run_files.BadRunFile as e:  # names the file and what is wrong
-        return f"{e.path.rsplit('/', 1)[-1]} {e.problem}"
-    return None
+        return f"{e.path.rsplit('/', 1)[-1]} {e.problem}", None
+    except FileNotFoundError:
+        return f"{entry.docs_file} is missing", None
+    return None, docs
 
 
-def _check_contents(client, out: Location, entries: list[PartitionEntry], encoding: dict) -> dict[int, str]:
-    """{index: problem} of the ``entries`` whose files are not what their records say, checked on
-    the cluster (one task per partition: each reads its files once)."""
+def _check_contents(client, out: Location, entries: list[PartitionEntry],
+                    encoding: dict) -> dict[int, tuple[str | None, str | None]]:
+    """{index: (problem or None, docs sha256)} of the ``entries``, checked on the cluster (one task
+    per partition: each reads its files once)."""
     if not entries:
         return {}
     from ..cluster import runner  # here: Dask, for the command that already runs on it
 
     futures = runner.submit(client, check_committed, entries, out=out.task_url, storage_options=out.storage_options,
                             dtype=encoding["dtype"], n_vocab=encoding["n_vocab"])
-    problems = runner.gather(client, futures, entries,
-                             explain=runner.failure(lambda e: f"checking committed partition {e.index}"))
-    return {e.index: p for e, p in zip(entries, problems) if p is not None}
+    results = runner.gather(client, futures, entries,
+                            explain=runner.failure(lambda e: f"checking committed partition {e.index}"))
+    return {e.index: r for e, r in zip(entries, results)}
 
 
 def _check_kept(entry: PartitionEntry, want: PartitionEntry, problem: str | None, *, path: str, url: str) -> None:
