@@ -85,6 +85,15 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadfile -m "not serial" --durations=25 tests
 	$(BIN)/python -m pytest -q -m serial $(SERIAL_FILES)
 
+# The run fuzzer (tests/test_fuzz_run.py: damaged runs through every reading command) with a long,
+# random budget; `make test` runs it short and fixed. A failure prints the example: add it to the
+# test as an @example (the issue 55 rule: every failing example found stays in the suite).
+FUZZ_EXAMPLES ?= 500
+.PHONY: fuzz
+fuzz: $(STAMP)
+	TOKENSHARDS_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q --timeout 0 --hypothesis-show-statistics \
+		tests/test_fuzz_run.py
+
 # A cluster by hand, the documented way (`dask scheduler` / `dask worker`; the old
 # `dask-scheduler` command was removed from distributed in 2026.6):
 #   make scheduler                              # on one machine: tcp://HOST:8786, dashboard :8787

@@ -127,7 +127,7 @@ def test_partition_files_are_the_bytes_numpy_and_arrow_write():
         index=7, input="s3://bucket/data/000.parquet", row_groups=(3, 5), rows=6, docs=3, skipped_null=2,
         skipped_empty=1, tokens=9, tokens_file="parts/part-00007.tokens.npy", docs_file="parts/part-00007.docs.parquet",
         sha256=hashlib.sha256(tokens_bytes).hexdigest(), backend="riptoken 1.0",
-        tokens_bytes=len(tokens_bytes), docs_bytes=len(docs_bytes))
+        tokens_bytes=len(tokens_bytes), docs_bytes=len(docs_bytes), docs_sha256=hashlib.sha256(docs_bytes).hexdigest())
     # No backend named: no backend key (as before backends existed).
     assert "backend" not in v1.partition_files(_Piece(), tokens, ids=ids, rows=rows, starts=starts, lengths=lengths,
                                                skipped_null=2, skipped_empty=1).entry.to_dict()
@@ -168,7 +168,7 @@ def test_done_record_reads_back_as_the_entry_it_commits(tmp_path):
     (tmp_path / entry.docs_file).write_bytes(files.docs)
     done = tmp_path / v1.done_file(entry.index)
     done.write_bytes(v1.DoneRecord(entry=entry, job="job-1").to_bytes())
-    assert list(json.loads(done.read_text())) == list(v1.ENTRY_KEYS) + ["backend", "tokens_bytes", "docs_bytes", "job"]
+    assert list(json.loads(done.read_text())) == list(v1.ENTRY_KEYS) + ["backend", "tokens_bytes", "docs_bytes", "docs_sha256", "job"]
     out = Location.at(str(tmp_path))
     assert resume.committed_entries(out, job="job-1", pieces=[_Piece()]) == {7: entry}
     with pytest.raises(OutputConflict, match=r"does not match this run's partition plan"):

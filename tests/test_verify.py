@@ -200,6 +200,9 @@ def test_other_vocabulary_is_caught_by_deep(copy, verify):
     manifest = _manifest(copy)
     manifest["encoding_sha256"] = "0" * 64
     _write_manifest(copy, manifest)
+    assert verify(copy).problems[0].startswith("tokenshards-job.json: disagrees with manifest.json (encoding_sha256: ")
+    job = json.loads((copy / v1.JOB_FILE).read_text())
+    (copy / v1.JOB_FILE).write_text(json.dumps({**job, "encoding_sha256": "0" * 64}))  # as a run of another vocabulary
     assert verify(copy).ok
     problems = verify(copy, deep=1).problems
     assert len(problems) == 1 and problems[0].startswith("manifest.json: encoding_sha256 000000000000… is not the "

@@ -21,6 +21,7 @@ import traceback
 from .cluster import interrupt
 from .encoding import names
 from .encoding.boundaries import BOUNDARY_CHOICES
+from . import limits
 from .errors import UserError
 from .wording import scrub_exception
 from .export import formats
@@ -70,7 +71,8 @@ def _add_cluster_arguments(p, *, command: str) -> None:
     the module that runs it, imported early where a local cluster will start
     (``_prestart_local_workers``)."""
     p.set_defaults(command_module=command)
-    p.add_argument("--workers", type=int, help="LocalCluster process workers (default: the machine's cores)")
+    p.add_argument("--workers", type=_whole, help="LocalCluster process workers (default: the machine's cores; at most 4 "
+                   "per core and one per 0.5 GiB of its memory)")
     p.add_argument("--scheduler", help="address of an existing `dask scheduler`, e.g. tcp://HOST:8786")
     p.add_argument("--cluster", metavar="CONFIG.yaml",
                    help="cluster config: cluster_configs/{local,scheduler,slurm,kubernetes,ssh}.yaml or your own")
@@ -99,14 +101,37 @@ def _corpus_options(args) -> dict:
             "hub": _hub_dataset(args, download_dir=args.download_dir, fetch=args.fetch)}
 
 
+MAX_PARTITION_MB = 1e6
+"""A terabyte of text: a worker holds one partition's text at a time."""
+
+
 def _partition_bytes(megabytes: float | None) -> int | None:
-    """``--partition-mb`` in bytes: a finite size of at least one byte (nan, inf, 1e-9 are refused)."""
+    """``--partition-mb`` in bytes: a finite size from one byte to ``MAX_PARTITION_MB`` (nan, inf,
+    1e-9, 1e400 are refused)."""
     if megabytes is None:
         return None
     if not (math.isfinite(megabytes) and megabytes * 1e6 >= 1):
         raise UserError(f"--partition-mb {megabytes:g} must be a finite number of megabytes of at least "
                         "0.000001 (one byte); the default sizes partitions from the corpus")
+    if megabytes > MAX_PARTITION_MB:
+        raise UserError(f"--partition-mb {megabytes:g}: out of range; a partition holds at most {MAX_PARTITION_MB:,.0f} MB "
+                        "of text (a worker holds one partition's text at a time); the default sizes partitions from the corpus")
     return int(megabytes * 1e6)
+
+
+def _whole(text: str) -> int | float:
+    """A whole number as typed (``100``, ``1e9``, ``10_000``); a float it is not whole or finite
+    (``inf``, ``1e400``, ``1.5``) is kept as a float, for the option's bounds to refuse in one line
+    (``limits.whole``) with the rest of its checks."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    value = float(text)  # not a number at all: argparse's own "invalid int value: 'abc'"
+    return int(value) if math.isfinite(value) and value.is_integer() else value
+
+
+_whole.__name__ = "int"  # what argparse names the type in its message for text that is no number
 
 
 def _print_lines(result) -> int:
@@ -194,8 +219,14 @@ def _hub_dataset(args, *, download_dir: str | None, fetch: str = "auto"):
         return None
     if args.size is None:
         raise UserError(f"--dataset {args.dataset} needs --size (10B, 100B or 350B)")
+    keep_free = limits.number("--keep-free-gb", args.keep_free_gb, high=1e6, what="gigabytes")
+    if download_dir is not None:  # a folder downloads go to: not under a file, nor inside a run
+        from .format.run import check_destination
+        from .storage.location import Location
+
+        check_destination(Location.at(download_dir), "--to" if args.command == "download" else "--download-dir")
     return HubDataset(repo=args.dataset or "HuggingFaceFW/fineweb", size=args.size, revision=args.revision,
-                      fetch=fetch, download_dir=download_dir, keep_free=int(args.keep_free_gb * 2**30))
+                      fetch=fetch, download_dir=download_dir, keep_free=int(keep_free * 2**30))
 
 
 def _add_download(sub) -> None:
@@ -287,9 +318,11 @@ def _scaled(number: str, units: dict[str, int], *, given: str, expected: str) ->
     if number and number[-1] in units:
         number, scale = number[:-1], units[number[-1]]
     try:
-        return int(float(number) * scale)
+        value = float(number) * scale
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{given!r}: expected {expected}") from e
+    # inf, 1e400, nan: kept as they are for the option's bounds to refuse in one line (limits.whole)
+    return int(value) if math.isfinite(value) else value
 
 
 def _add_train_bpe(sub) -> None:
@@ -303,7 +336,7 @@ def _add_train_bpe(sub) -> None:
     p.add_argument("--out", required=True, metavar="FILE.tiktoken",
                    help="ranks file to write; its sidecar FILE.tiktoken.json is written beside it, and FILE.hf/ "
                         "(tokenizer.json + tokenizer_config.json, for transformers' AutoTokenizer)")
-    p.add_argument("--vocab-size", type=int, default=32768,
+    p.add_argument("--vocab-size", type=_whole, default=32768,
                    help="n_vocab of the result, special tokens included (default 32768: ids fit uint16)")
     p.add_argument("--special", action="append", default=[], metavar="TOKEN",
                    help="extra special token, repeatable; <|endoftext|> is always included (tokenize needs it)")
@@ -311,7 +344,7 @@ def _add_train_bpe(sub) -> None:
                    help="pre-tokenizer split pattern (default gpt2)")
     p.add_argument("--sample-bytes", type=_byte_count, metavar="N",
                    help="count only about N bytes of text: whole partitions spread evenly over the corpus (e.g. 2G)")
-    p.add_argument("--min-count", type=int, default=1, help="drop pre-tokens seen fewer times (default 1: keep all)")
+    p.add_argument("--min-count", type=_whole, default=1, help="drop pre-tokens seen fewer times (default 1: keep all)")
     p.add_argument("--merger", default="auto", choices=["auto", "gigatoken", "python"],
                    help="what merges the counts on the client: gigatoken (Rust, all cores; --pattern gpt2 only) or "
                         "the Python loop (one core); auto (default): gigatoken when it applies and is installed. "
@@ -352,22 +385,22 @@ def _add_export(sub) -> None:
                    "(default HF_HOME/tokenshards/publish/...; on several machines, one every worker sees)")
     p.add_argument("--create-repo", action="store_true", help="with hf://: create the dataset repo when it does not exist")
     p.add_argument("--private", action="store_true", help="with --create-repo: make the new repo private")
-    p.add_argument("--shard-tokens", type=int, metavar="N", help=f"tokens per shard, {sharded} (default 100,000,000)")
-    p.add_argument("--min-shard-tokens", type=int, metavar="N",
+    p.add_argument("--shard-tokens", type=_whole, metavar="N", help=f"tokens per shard, {sharded} (default 100,000,000)")
+    p.add_argument("--min-shard-tokens", type=_whole, metavar="N",
                    help=f"{sharded}: a last shard under N tokens joins the one before it (default 1%% of --shard-tokens; "
                         f"0: never). llm.c needs processes x B x T + 1 tokens in every shard")
-    p.add_argument("--val-tokens", type=int, metavar="N",
+    p.add_argument("--val-tokens", type=_whole, metavar="N",
                    help="validation tokens, whole documents chosen by a hash of their id; 0 for none (default 10,485,760)")
     p.add_argument("--prefix", metavar="NAME", help="file name prefix (default fineweb; not for " + ", ".join(f.name for f in formats.REGISTRY.values() if f.fixed_names) + ")")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export of this format in DEST")
     p.add_argument("--shuffle", action="store_true",
                    help="documents in a seeded pseudo-random order over the whole corpus (mixtures always are)")
-    p.add_argument("--seed", type=int, metavar="S", help="the shuffled order (default 0); the same seed gives the same files")
+    p.add_argument("--seed", type=_whole, metavar="S", help="the shuffled order (default 0); the same seed gives the same files")
     p.add_argument("--weights", type=float, nargs="+", metavar="W",
                    help="one per OUT: its share of the mixture's train tokens (default: each run's size)")
     p.add_argument("--tokens", type=_token_count, metavar="N",
                    help="train tokens of the mixture, e.g. 10B (default: the most that repeats no run)")
-    p.add_argument("--seq-len", type=int, metavar="N",
+    p.add_argument("--seq-len", type=_whole, metavar="N",
                    help=f"{' and '.join(formats.PACKED)}: rows of N tokens with each row's segment lengths (seq_lengths: its "
                         f"documents, then its padding) and position ids that restart at each segment; {' and '.join(formats.PACKED_IN_TRAINER_FILES)}: "
                         "rows of N tokens in the trainer's own files, its reader finding the documents")
@@ -408,10 +441,10 @@ def _run_export(args) -> int:
 def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="check every partition of a finished run; exit 1 on any problem")
     p.add_argument("out", metavar="OUT", help="output folder or s3://bucket/prefix of a finished run")
-    p.add_argument("--deep", type=int, default=0, metavar="N",
+    p.add_argument("--deep", type=_whole, default=0, metavar="N",
                    help="also re-tokenize N random documents from the inputs and compare with the tokenizer's own "
                         "library (tiktoken, tokenizers, sentencepiece)")
-    p.add_argument("--seed", type=int, default=0, help="which documents --deep picks (default 0)")
+    p.add_argument("--seed", type=_whole, default=0, help="which documents --deep picks (default 0)")
     p.add_argument("--encoding", metavar="TOKENIZER",
                    help="with --deep: where the run's tokenizer is now, named as tokenize's --encoding takes it "
                         "(default: the name or source the manifest records); its files must be the run's")
@@ -452,10 +485,15 @@ def _run_inspect(args) -> int:
     # heavy: Dask (and matplotlib for --plot), as tokenize
     from .inspect.command import InspectConfig, run_inspect
     from .inspect.stats import plot_format, plot_lengths, report_lines
+    from .format.run import check_destination
+    from .storage.location import Location
 
     config = InspectConfig(out=args.out, language_column=args.language_column, **_run_options(args))
     if args.plot:
         plot_format(args.plot)  # a wrong name is said before the run is read
+        # Its folder: not under a file, nor inside a run's parts/ (OUT itself is fine: `make inspect`'s default).
+        folder = args.plot.rsplit("/", 1)[0] if "/" in args.plot else "."
+        check_destination(Location.at(folder, config.storage_options), "--plot", may_be_a_run=True)
     stats = run_inspect(config, announce=_say)
     for line in report_lines(stats):
         print(line)

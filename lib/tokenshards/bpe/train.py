@@ -15,12 +15,15 @@ from typing import Callable
 
 import tiktoken
 
+from .. import limits
 from ..cluster import runner
 from ..cluster import machines
 from ..cluster.options import RunOptions
 from ..cluster.progress import Progress
 from ..errors import UserError
 from ..storage.hubspec import HubDataset
+from ..format.run import check_destination
+from ..storage.location import Location
 from ..corpus.gather import find_inputs, gather, open_inputs
 from ..corpus.plan import Piece, check_on_bad_file
 from ..encoding import ranks as ranks_io
@@ -74,6 +77,15 @@ class TrainBpeConfig(RunOptions):
         if not self.out.endswith(ranks_io.SUFFIX):
             raise UserError(f"--out {self.out!r} must end in {ranks_io.SUFFIX}: that is how "
                             "`tokenshards tokenize --encoding FILE.tiktoken` tells a trained file from a built-in name")
+        # Bounded before any counting: format v1 holds ids below 2**32 (a larger vocabulary has none to give).
+        object.__setattr__(self, "vocab_size", limits.whole("--vocab-size", self.vocab_size, high=limits.MAX_VOCAB,
+                                                            what="a vocabulary size (format v1 holds ids below 2**32)"))
+        object.__setattr__(self, "min_count", limits.whole("--min-count", self.min_count, high=limits.MAX_COUNT,
+                                                           what="a count"))
+        if self.sample_bytes is not None:
+            object.__setattr__(self, "sample_bytes", limits.whole("--sample-bytes", self.sample_bytes,
+                                                                  high=limits.MAX_COUNT,
+                                                                  what="a byte count"))
         if self.vocab_size < 256 + len(self.special_tokens):
             raise UserError(f"--vocab-size {self.vocab_size} is too small: it counts the 256 single bytes and the "
                             f"{len(self.special_tokens)} special tokens; pass at least {256 + len(self.special_tokens)}")
@@ -254,6 +266,9 @@ def run_train_bpe(config: TrainBpeConfig, *, announce: Callable[[str], None] = p
     if config.merger == "gigatoken" and gigamerge.version() is None:
         raise UserError("--merger gigatoken: gigatoken is not installed; pip install 'tokenshards[fast]', "
                         "or use --merger auto")
+    # Its folder: not under a file, nor inside a tokenshards run (its files would mix with the run's).
+    check_destination(Location.at(config.out.rsplit("/", 1)[0] if "/" in config.out else ".", config.storage_options),
+                      "--out")
     sources = find_inputs(config.inputs, storage_options=config.storage_options, announce=announce)
     ranks_io.check_writable(config.out, config.storage_options)  # before the work, not after it
     # Downloads first (no overlap): nothing of it runs in the background for ``close`` to stop.

@@ -15,6 +15,7 @@ from typing import Any
 import dask
 import yaml
 
+from .. import limits
 from ..errors import UserError
 
 KINDS = ("local", "scheduler", "slurm", "kubernetes", "ssh")
@@ -94,6 +95,10 @@ def parse_cluster_config(raw: Any, *, path: str, workers: int | None = None) -> 
                             "set the workers in the config instead")
         settings["workers"] = workers
     _check_positive_int(settings, "workers", path)
+    if settings.get("workers") is not None:  # what this machine (local) or any cluster (the rest) can hold
+        check = limits.local_workers if kind == "local" else (
+            lambda option, n: limits.whole(option, n, low=1, high=limits.MAX_REMOTE_WORKERS, what="a number of workers"))
+        check(f"--workers (or workers in {path})", settings["workers"])
     _check_positive_int(settings, "threads_per_worker", path)
     if kind in ("slurm", "kubernetes") and "workers" not in settings:
         raise UserError(f"cluster config {path}: workers (how many worker processes to start) is required for kind {kind}")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import limits
 from ..errors import UserError
 from ..storage.store import storage_options
 from .progress import MODES
@@ -26,8 +27,16 @@ class RunOptions:
     def __post_init__(self):
         # Checked once, and wrapped so that credentials never print (a repr, distributed's log of a failed task).
         object.__setattr__(self, "storage_options", storage_options(self.storage_options))
-        if self.workers is not None and self.workers < 1:
-            raise UserError(f"--workers {self.workers} must be at least 1")
+        if self.workers is not None:
+            workers = limits.whole("--workers", self.workers, high=limits.MAX_COUNT,
+                                   what="a number of workers")
+            if workers < 1:
+                raise UserError(f"--workers {workers} must be at least 1")
+            # a cluster started here: what this machine can hold (limits.local_workers); else any cluster's
+            object.__setattr__(self, "workers", limits.local_workers("--workers", workers)
+                               if self.scheduler is None and self.cluster_config is None else
+                               limits.whole("--workers", workers, low=1, high=limits.MAX_REMOTE_WORKERS,
+                                            what="a number of workers"))
         if self.progress not in MODES:
             raise UserError(f"--progress {self.progress!r} not supported, expected one of {', '.join(MODES)}")
         if self.scheduler is not None and self.scheduler.lower().startswith(("http://", "https://")):

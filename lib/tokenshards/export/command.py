@@ -25,7 +25,7 @@ from ..format.export_record import ORDERED
 from ..storage.location import Location
 from ..storage.store import file_identity
 from . import valsplit
-from .common import (ExportSummary, check_destination, dest_lease, export_record, finish, paths_used, prepare_dest, split_counts,
+from .common import (ExportSummary, check_destination, check_sources, checked, dest_lease, export_record, finish, paths_used, prepare_dest, split_counts,
                      val_candidates, write_files, written_files)
 from .config import DEFAULT_CHUNK_BYTES, DEFAULT_SHARD_TOKENS, DEFAULT_VAL_TOKENS, ExportConfig
 from .layout import Chunk, Streams
@@ -128,22 +128,29 @@ def _export_owned(config: ExportConfig, run: v1.FinishedRun, lease: Lease, *, t0
                         f"{config.out}; pass a smaller --val-tokens (or 0 for no validation set)")
     ordinal = {i.path: n for n, i in enumerate(manifest.input_records)}
     parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
-    source = Source(out=run.location, dtype=manifest.encoding.dtype)
+    source = Source(out=run.location, dtype=manifest.encoding.dtype, n_vocab=manifest.encoding.n_vocab,
+                    job=manifest.done_job())
 
     dest = lease.location
     kind = target_kind(dest.fs)
-    prepare_dest(dest, config)
+    if not config.overwrite:
+        prepare_dest(dest, config)  # an earlier export there is refused at once
 
     with runner.connect_to(config, announce=announce, local_paths=paths_used(config, [(run.location, manifest)])) as client:
         threshold = None
         val_docs = np.zeros(len(entries), dtype=np.int64)
         val_tokens = np.zeros(len(entries), dtype=np.int64)
-        if config.val_tokens:
-            final = val_candidates(client, parts, source=source, val_tokens=config.val_tokens)
+        if not config.val_tokens:  # every partition checked before a byte is written (with validation: below)
+            check_sources(client, source, parts)
+        else:
+            final = val_candidates(client, parts, source=source, val_tokens=config.val_tokens, check=True)
             threshold, val_docs, val_tokens = valsplit.choose(final, n_parts=len(entries))
             if int(val_docs.sum()) == int(docs.sum()):
                 raise UserError(f"--val-tokens {config.val_tokens:,} takes every document of {config.out}; pass a smaller value")
             parts = [dataclasses.replace(p, val_docs=int(d), val_tokens=int(t)) for p, d, t in zip(parts, val_docs, val_tokens)]
+        announce(checked([parts]))
+        if config.overwrite:
+            prepare_dest(dest, config)  # the export it replaces goes once the run read as it must
         streams = Streams.from_counts(docs=docs, tokens=tokens, val_docs=val_docs, val_tokens=val_tokens)
         announce(f"validation: {streams.docs('val'):,} documents, {streams.tokens('val'):,} tokens; "
                  f"train: {streams.docs('train'):,} documents, {streams.tokens('train'):,} tokens")

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from .. import limits
 from ..cluster.options import RunOptions
 from ..errors import UserError
 from ..format.reader import has_masks
@@ -59,6 +60,7 @@ class ExportConfig(RunOptions):
 
     def __post_init__(self):
         super().__post_init__()
+        self._bound_numbers()
         fmt = formats.get(self.format)
         names = [f.name for f in formats.REGISTRY.values() if f.sharded]
         sharded = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
@@ -91,6 +93,24 @@ class ExportConfig(RunOptions):
         if len(set(self.runs)) != len(self.runs):
             raise UserError(f"a run is given twice ({', '.join(self.runs)}); to weigh it more, use --weights")
         self._check_packing()
+
+    def _bound_numbers(self) -> None:
+        """Every number finite, whole where a count is meant, and within what an export can do
+        (``limits``), before anything else is looked at: one line each, never an OverflowError."""
+        # The lower bounds are said below, each in its own words; these are what no option may pass.
+        counts = (("--shard-tokens", "shard_tokens", limits.MAX_COUNT), ("--min-shard-tokens", "min_shard_tokens",
+                  limits.MAX_COUNT), ("--val-tokens", "val_tokens", limits.MAX_COUNT), ("--tokens", "tokens", limits.MAX_COUNT),
+                  ("--seq-len", "seq_len", limits.MAX_SEQ_LEN), ("chunk_bytes", "chunk_bytes", 2**40))
+        for option, name, high in counts:
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, limits.whole(option, value, high=high, what="a count"))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", limits.whole("--seed", self.seed, low=limits.MIN_SEED, high=limits.MAX_SEED,
+                                                          what="a seed"))
+        if self.weights is not None:
+            object.__setattr__(self, "weights", tuple(limits.number("--weights", w, high=limits.MAX_WEIGHT, what="a weight")
+                                                      for w in self.weights))
 
     def _check_packing(self) -> None:
         if self.seq_len is None:

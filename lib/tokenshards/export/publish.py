@@ -39,7 +39,10 @@ from typing import Callable
 from ..cluster.progress import draws_bars
 from ..errors import UserError
 from ..format.export_record import ExportRecord, ExportRecordError
+from ..format.paths import UnsafeFile, local_look, read_local
 from ..format.reader import open_manifest
+from ..format.records import RECORD_LIMITS, parse_json
+from ..format.run import read_record
 from ..storage import hubrepo
 from ..storage.hubrepo import HubDestination
 from ..storage.location import Location
@@ -107,7 +110,7 @@ def run_publish(config: PublishConfig, *, announce: Callable[[str], None] = prin
     announce(f"{dest.url}: {user} may write to it")
     staging = config.staging or default_staging(dest)
     summary, record_name = _stage(config, staging, announce=announce)
-    record = ExportRecord.from_bytes((Path(staging) / record_name).read_bytes())
+    record = _staged_record(Path(staging), record_name)
     card, root_card = (cards.dataset_card(record, repo=dest.repo, folder=dest.folder, record_name=record_name,
                                           at_root=at_root).encode() for at_root in (False, True))
     with _hub_bars_follow(config.export.progress):
@@ -186,22 +189,28 @@ def _staged_summary(staging: Path, record_name: str, to: str) -> ExportSummary |
     not one (``ExportRecord.from_dict`` checks that every file it lists, what would be uploaded, is
     named relative to the staging folder), or a file is missing or of another size than it says."""
     try:
-        record = ExportRecord.from_bytes((staging / record_name).read_bytes())
-    except (OSError, ExportRecordError):
+        record = _staged_record(staging, record_name)
+        sizes = [local_look(str(staging), f.name)[1].st_size for f in record.files]  # regular files inside it
+    except (OSError, ExportRecordError, UnsafeFile, UserError):
         return None  # exported again rather than trusted
-    for f in record.files:
-        p = staging / f.name
-        if not (p.is_file() and p.stat().st_size == f.bytes):
-            return None
+    if sizes != [f.bytes for f in record.files]:
+        return None
     val, train = record.splits["val"], record.splits["train"]
     return ExportSummary(to=to, files=[f.name for f in record.files], val_docs=val.docs, val_tokens=val.tokens,
                          train_docs=train.docs, train_tokens=train.tokens, seconds=0.0)
 
 
+def _staged_record(staging: Path, record_name: str) -> ExportRecord:
+    """The export record in the staging folder, read as every record is (``format.run``: a regular
+    file inside the folder, bounded)."""
+    return ExportRecord.from_dict(read_record(Location.at(str(staging)), record_name, kind="export record"))
+
+
 def _read_json(path: Path):
+    """The stamp's JSON, or None (missing, not a regular file, not JSON)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return parse_json(read_local(str(path.parent), path.name, limit=RECORD_LIMITS["lease"]))
+    except (OSError, ValueError, UserError):
         return None
 
 

@@ -304,7 +304,8 @@ def open_runs(config) -> list[Run]:
         entries = manifest.by_index()
         ordinal = {x.path: n for n, x in enumerate(manifest.input_records)}
         parts = [PartInfo(entry=e, input_ordinal=ordinal.get(e.input, -1)) for e in entries]
-        source = Source(out=location, dtype=manifest.encoding.dtype)
+        source = Source(out=location, dtype=manifest.encoding.dtype, n_vocab=manifest.encoding.n_vocab,
+                        job=manifest.done_job())
         runs.append(Run(index=i, path=path, manifest=manifest, source=source, parts=parts))
     first = runs[0]
     for run in runs[1:]:
@@ -362,12 +363,15 @@ def run_shuffled_export(config, *, lease, announce: Callable[[str], None] = prin
     dest = lease.location
     kind = target_kind(dest.fs)
     dest.check_bucket(what="export destination")
-    prepare_dest(dest, config)
+    if not config.overwrite:
+        prepare_dest(dest, config)  # an earlier export there is refused at once
     seed = config.seed or 0
 
     with runner.connect_to(config, announce=announce,
                            local_paths=paths_used(config, [(r.source.out, r.manifest) for r in runs])) as client:
-        thresholds = split_validation(client, runs, val_split)
+        thresholds = split_validation(client, runs, val_split, announce=announce)  # every run checked first
+        if config.overwrite:
+            prepare_dest(dest, config)  # the export it replaces goes once the runs read as they must
         val = [(sum(p.val_docs for p in r.parts), sum(p.val_tokens for p in r.parts)) for r in runs]
         available = [size - vt for size, (_, vt) in zip(sizes, val)]
         docs = [sum(p.entry.docs - p.val_docs for p in r.parts) for r in runs]

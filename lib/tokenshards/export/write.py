@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UserError
+from ..format import run as run_files
 from ..format.reader import PartitionFiles
 from ..format.v1 import PartitionEntry
 from ..storage.location import Location
@@ -36,6 +37,10 @@ class Source:
 
     out: Location
     dtype: str
+    n_vocab: int | None = None
+    """Every id of the run is below it (``check_source``); None: not checked."""
+    job: str | None = None
+    """The job every done record of the run carries (``check_source``: the manifest's ``done_job``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,8 +69,22 @@ def source_files(source: Source, parts: dict[int, PartInfo]) -> PartitionFiles:
     return PartitionFiles(source.out, dtype=source.dtype, partitions={k: p.entry for k, p in parts.items()})
 
 
+# -- what is copied: checked first ----------------------------------------------------------------
+def check_source(part: PartInfo, source: Source) -> int:
+    """Worker task, before an export writes: one partition's files read whole and checked against
+    the manifest (``format.run.check_partition``: sha256, exact ``.npy`` headers, ids inside the
+    vocabulary, a consistent docs table, its done record). Returns the bytes read."""
+    return run_files.check_partition(source.out, part.entry, dtype=source.dtype,
+                                     n_vocab=source.n_vocab if source.n_vocab is not None else 2**32,
+                                     job=source.job, done=True)
+
+
 # -- validation candidates ----------------------------------------------------------------------
-def partition_candidates(k: int, part: PartInfo, *, source: Source, val_tokens: int) -> np.ndarray:
+def partition_candidates(k: int, part: PartInfo, *, source: Source, val_tokens: int, check: bool = False) -> np.ndarray:
+    """A partition's validation candidates; with ``check``, once its files passed ``check_source``
+    (the export's first read of the run: one pass over every partition, not two)."""
+    if check:
+        check_source(part, source)
     files = source_files(source, {k: part})
     docs = files.docs(k, columns=("id", "row", "length"))
     return candidates(hashes=id_hashes(docs.ids.to_pylist()), input_ordinal=part.input_ordinal, rows=docs.rows,

@@ -9,12 +9,12 @@ three; ``from_dict`` is the one parser, and what it refuses never reaches a read
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .records import JsonError, parse_json
 from .v1 import EOT_POSITIONS, Encoding, _first, _is_count, _is_int, _show, encoding_problems, relative_path_problem
 
 RECORD_FORMAT = "tokenshards-export/1"
@@ -279,9 +279,9 @@ class ExportRecord:
     def from_bytes(cls, raw: bytes) -> "ExportRecord":
         """``ExportRecordError`` for bytes that are not JSON, too."""
         try:
-            d = json.loads(raw)
-        except ValueError as e:  # UnicodeDecodeError is one
-            raise ExportRecordError(f"not JSON ({e})") from e
+            d = parse_json(raw)
+        except JsonError as e:  # also bytes nested too deeply, NaN, invalid UTF-8
+            raise ExportRecordError(str(e).replace("not valid JSON", "not JSON", 1)) from e
         return cls.from_dict(d)
 
 

@@ -6,6 +6,7 @@ range read, so opening a dataset costs one small object and nothing is downloade
 """
 from __future__ import annotations
 
+import mmap
 import os
 from bisect import bisect_right
 from dataclasses import dataclass
@@ -13,10 +14,11 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from . import v1
-from .v1 import Manifest, PartitionEntry
+from . import paths
+from . import run as run_files
+from .arrays import NPY_HEAD_PROBE
+from .records import Manifest, PartitionEntry
 from ..errors import UserError
 from ..storage.location import Location
 
@@ -31,20 +33,27 @@ class PartDocs:
     lengths: np.ndarray
 
 
-def open_manifest(out: str, storage_options: dict | None = None) -> v1.FinishedRun:
+def open_manifest(out: str, storage_options: dict | None = None) -> run_files.FinishedRun:
     """(place, manifest) for OUT; a folder without a format v1 manifest is refused."""
-    return v1.open_finished(out, storage_options)
+    return run_files.open_finished(out, storage_options)
 
 
 class PartitionFiles:
-    """Range reads of one output's part files; shared by ``TokenDataset`` and the exporter."""
+    """Range reads of one output's part files, through ``format.run``'s checks; shared by
+    ``TokenDataset`` and the exporter. Before a partition's first read its ``.npy`` header (and
+    size) is checked exactly against its entry, and a docs table is checked whole before any of
+    its rows is used. With ``check_sha256``, a tokens file is also hashed whole at its first read
+    (``TokenDataset`` does where the run is on a local disk; an export checks every file it
+    copies before it writes, ``export.common.check_sources``)."""
 
-    def __init__(self, run: Location, *, dtype: str, partitions: list[PartitionEntry] | dict[int, PartitionEntry]):
+    def __init__(self, run: Location, *, dtype: str, partitions: list[PartitionEntry] | dict[int, PartitionEntry],
+                 check_sha256: bool = False):
         """``run``: the run's folder; ``partitions``: manifest entries indexed by their position in
         manifest order (a list, or a dict holding only the few a task touches, so tasks stay small)."""
         self.run = run
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.partitions = partitions
+        self.check_sha256 = check_sha256
         self._local = run.is_local
         self._maps: dict[int, np.ndarray] = {}
         self._offsets: dict[int, int] = {}
@@ -53,23 +62,27 @@ class PartitionFiles:
         # Memory maps would pickle as full copies (e.g. into DataLoader worker processes): reopen instead.
         return {**self.__dict__, "_maps": {}}
 
+    def _tokens_file(self, k: int) -> str:
+        return self.partitions[k].tokens_file
+
+    def _sha256(self, k: int) -> str | None:
+        return self.partitions[k].sha256
+
     def _tokens_path(self, k: int) -> str:
-        return self.run.join(self.partitions[k].tokens_file)
+        return self.run.join(self._tokens_file(k))
 
     def docs(self, k: int, columns: tuple[str, ...] = ("id", "row", "start", "length")) -> PartDocs:
-        """The docs table of the k-th partition (manifest order), checked against the manifest."""
+        """The docs table of the k-th partition (manifest order), checked whole against its entry
+        (``format.run.read_docs``) before any row is used."""
         entry = self.partitions[k]
-        path = self.run.join(entry.docs_file)
         try:
-            with self.run.fs.open(path, "rb") as f:
-                table = pq.read_table(f, columns=list(columns))
-        except (OSError, pa.ArrowException) as e:
-            raise UserError(f"{path}: unreadable ({type(e).__name__}: {e}); the output is damaged, rerun tokenize") from e
-        if table.num_rows != entry.docs:
-            raise UserError(f"{path}: {table.num_rows} documents, the manifest says {entry.docs}; the output is damaged")
-        get = lambda name, dtype: table.column(name).to_numpy().astype(dtype, copy=False) if name in columns else None  # noqa: E731
+            table = run_files.read_docs(self.run, entry)
+        except FileNotFoundError as e:
+            raise UserError(f"{self.run.shown(entry.docs_file)}: listed in the manifest but missing; the output is "
+                            "damaged: run `tokenshards verify`, or tokenize the run again") from e
+        get = lambda name: table.column(name).to_numpy().astype(np.int64, copy=False) if name in columns else None  # noqa: E731
         ids = table.column("id").combine_chunks() if "id" in columns else None
-        return PartDocs(ids=ids, rows=get("row", np.int64), starts=get("start", np.int64), lengths=get("length", np.int64))
+        return PartDocs(ids=ids, rows=get("row"), starts=get("start"), lengths=get("length"))
 
     def tokens(self, k: int, lo: int, hi: int) -> np.ndarray:
         """Tokens [lo, hi) of the k-th partition: a view of a memory map locally, one range read elsewhere."""
@@ -78,10 +91,13 @@ class PartitionFiles:
             raise IndexError(f"tokens [{lo}, {hi}) outside partition {self.partitions[k].index} of {n} tokens")
         if self._local:
             if k not in self._maps:
-                self._maps[k] = np.load(self._tokens_path(k), mmap_mode="r")
+                self._maps[k] = self._map(k)
             return self._maps[k][lo:hi]
         if lo == hi:
             return np.empty(0, self.dtype)
+        if self.check_sha256 and k not in self._offsets:  # asked on an object store: the whole object once
+            rel = self._tokens_file(k)
+            run_files.read_array(self.run, rel, dtype=self.dtype.name, length=n, sha256=self._sha256(k))
         offset = self._data_offset(k)
         size = self.dtype.itemsize
         raw = self.run.fs.cat_file(self._tokens_path(k), start=offset + lo * size, end=offset + hi * size)
@@ -89,33 +105,57 @@ class PartitionFiles:
             raise UserError(f"{self._tokens_path(k)}: short read; the object is smaller than the manifest says")
         return np.frombuffer(raw, self.dtype)
 
+    def _map(self, k: int) -> np.ndarray:
+        """A local tokens file memory-mapped, once it was opened as ``format.paths`` allows and its
+        header and size were checked (and, with ``check_sha256``, its bytes hashed)."""
+        rel, n = self._tokens_file(k), self.partitions[k].tokens
+        try:
+            fd = paths.open_local(self.run.root, rel)
+        except paths.UnsafeFile as e:
+            raise run_files.BadRunFile(self.run.shown(rel), str(e)) from e
+        except FileNotFoundError as e:
+            raise UserError(f"{self.run.shown(rel)}: listed in the manifest but missing; the output is damaged: "
+                            "run `tokenshards verify`, or tokenize the run again") from e
+        try:
+            size = os.fstat(fd).st_size
+            offset = run_files.check_array(self.run, rel, os.pread(fd, NPY_HEAD_PROBE, 0), size, dtype=self.dtype.name,
+                                           length=n).offset
+            mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        if self.check_sha256:
+            run_files.check_values(self.run, rel, mapped, dtype=self.dtype.name, length=n, sha256=self._sha256(k))
+        self._offsets[k] = offset
+        return np.frombuffer(mapped, dtype=self.dtype, count=n, offset=offset)
+
     def token_ranges(self, ranges: list[tuple[int, int, int]]) -> list[np.ndarray]:
         """Copies of tokens [lo, hi) of partition k for each (k, lo, hi), read with one ``pread``
         each locally (no memory map, whose fault-around would pull in far more than asked), or
         with one batched ``cat_ranges`` elsewhere (s3fs fetches the ranges concurrently)."""
         size = self.dtype.itemsize
-        paths, starts, ends = [], [], []
+        paths_, starts, ends = [], [], []
         for k, lo, hi in ranges:
             if not 0 <= lo <= hi <= self.partitions[k].tokens:
                 raise IndexError(f"tokens [{lo}, {hi}) outside partition {self.partitions[k].index}")
             offset = self._data_offset(k)
-            paths.append(self._tokens_path(k))
+            paths_.append(k)
             starts.append(offset + lo * size)
             ends.append(offset + hi * size)
         if self._local:
             raws, fds = [], {}
             try:
-                for path, a, b in zip(paths, starts, ends):
-                    if path not in fds:
-                        fds[path] = os.open(path, os.O_RDONLY)
-                    raws.append(os.pread(fds[path], b - a, a))
+                for k, a, b in zip(paths_, starts, ends):
+                    if k not in fds:
+                        fds[k] = self._open(k)
+                    raws.append(os.pread(fds[k], b - a, a))
             finally:
                 for fd in fds.values():
                     os.close(fd)
         else:
-            raws = self.run.fs.cat_ranges(paths, starts, ends) if paths else []
+            raws = self.run.fs.cat_ranges([self._tokens_path(k) for k in paths_], starts, ends) if paths_ else []
         out = []
-        for raw, path, a, b in zip(raws, paths, starts, ends):
+        for raw, k, a, b in zip(raws, paths_, starts, ends):
+            path = self._tokens_path(k)
             if isinstance(raw, Exception):
                 raise UserError(f"{path}: unreadable ({type(raw).__name__}: {raw}); the output is damaged, rerun tokenize") from raw
             if len(raw) != b - a:
@@ -123,18 +163,23 @@ class PartitionFiles:
             out.append(np.frombuffer(raw, self.dtype))
         return out
 
+    def _open(self, k: int) -> int:
+        try:
+            return paths.open_local(self.run.root, self._tokens_file(k))
+        except paths.UnsafeFile as e:
+            raise run_files.BadRunFile(self.run.shown(self._tokens_file(k)), str(e)) from e
+
     def _data_offset(self, k: int) -> int:
-        """Where the array starts in a ``.npy`` object (after its self-describing header)."""
+        """Where the array starts in a ``.npy`` file, once its header and size were checked
+        exactly against the entry (``format.run.array_file``)."""
         if k not in self._offsets:
-            path = self._tokens_path(k)
+            rel = self._tokens_file(k)
             try:
-                header = v1.read_npy_header(self.run.fs.cat_file(path, start=0, end=v1.NPY_HEAD_PROBE))
-            except v1.NpyHeaderError as e:
-                raise UserError(f"{path}: not a .npy file ({e}); the output is damaged") from e
-            n = self.partitions[k].tokens
-            if header.dtype.newbyteorder("<") != self.dtype or header.shape != (n,):
-                raise UserError(f"{path}: holds {header.dtype} {header.shape}, the manifest says {self.dtype} ({n},)")
-            self._offsets[k] = header.offset
+                self._offsets[k] = run_files.array_file(self.run, rel, dtype=self.dtype.name,
+                                                        length=self.partitions[k].tokens).offset
+            except FileNotFoundError as e:
+                raise UserError(f"{self.run.shown(rel)}: listed in the manifest but missing; the output is damaged: "
+                                "run `tokenshards verify`, or tokenize the run again") from e
         return self._offsets[k]
 
 
@@ -143,14 +188,17 @@ class MaskFiles(PartitionFiles):
     exactly as its tokens are, so every exporter takes a token range's mask the same way."""
 
     def __init__(self, files: PartitionFiles):
-        super().__init__(files.run, dtype="uint8", partitions=files.partitions)
+        super().__init__(files.run, dtype="uint8", partitions=files.partitions, check_sha256=files.check_sha256)
 
-    def _tokens_path(self, k: int) -> str:
+    def _tokens_file(self, k: int) -> str:
         entry = self.partitions[k]
         if not entry.mask_file:
             raise UserError(f"partition {entry.index} ({entry.tokens_file}) has no assistant mask: its run was not "
                             "tokenized with --chat-column; export chat runs and text runs apart")
-        return self.run.join(entry.mask_file)
+        return entry.mask_file
+
+    def _sha256(self, k: int) -> str | None:
+        return self.partitions[k].mask_sha256
 
 
 def has_masks(manifest: Manifest) -> bool:
@@ -164,13 +212,21 @@ class TokenDataset:
     Documents are numbered in manifest order: partition by partition, source row order inside
     each, the same order ``tokenshards export`` writes. The token stream is every document's
     tokens back to back, as in the part files (eot placement as the manifest says).
+
+    Nothing is trusted: the manifest is checked when the dataset opens, each partition's docs
+    table and ``.npy`` header before its first use (a ``UserError`` names the file and what is
+    wrong). ``check_sha256`` (default: where the run is on a local disk) hashes each tokens file
+    whole at its first use, ~20 ms per 16 MB here; on an object store that would download every
+    partition a random read touches, so it is off there unless asked (``tokenshards verify``
+    checks every hash).
     """
 
-    def __init__(self, out: str, *, storage_options: dict | None = None):
+    def __init__(self, out: str, *, storage_options: dict | None = None, check_sha256: bool | None = None):
         self.out = out
         run, self.manifest = open_manifest(out, storage_options)
         parts = self.manifest.by_index()
-        self._files = PartitionFiles(run, dtype=self.manifest.encoding.dtype, partitions=parts)
+        self._files = PartitionFiles(run, dtype=self.manifest.encoding.dtype, partitions=parts,
+                                     check_sha256=run.is_local if check_sha256 is None else check_sha256)
         self._doc_bounds = np.concatenate([[0], np.cumsum([p.docs for p in parts], dtype=np.int64)])
         self._token_bounds = np.concatenate([[0], np.cumsum([p.tokens for p in parts], dtype=np.int64)])
         self._docs: dict[int, PartDocs] = {}

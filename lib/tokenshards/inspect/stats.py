@@ -26,7 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..format import run as run_files
 from ..format import v1
+from ..format.paths import UnsafeFile, open_input
 from ..format.v1 import Manifest, PartitionEntry
 from ..errors import UserError
 from ..wording import human
@@ -34,7 +36,7 @@ from ..wording import counted
 from ..cluster.machines import is_local_path
 from ..storage.hubreaders import reading_plugins_for_run
 from ..storage.location import Location
-from ..storage.store import filesystem, join, write_atomic
+from ..storage.store import filesystem, write_atomic
 
 PERCENTILES = (1, 5, 10, 25, 50, 75, 90, 95, 99)
 LENGTH_EDGES = np.unique(np.floor(np.geomspace(1, 2**40, 8192)).astype(np.int64))
@@ -62,16 +64,22 @@ class PartitionStats:
 
 
 class PartRef(NamedTuple):
-    """What reading one partition needs from its manifest entry (all a task is sent)."""
+    """What reading one partition needs from its manifest entry (all a task is sent): its docs
+    file and what checks it (``format.run.check_docs``), its input's row groups."""
 
     index: int
     docs_file: str
     input: str
     row_groups: tuple[int, int]
+    docs: int
+    tokens: int
+    rows: int
+    docs_sha256: str | None
 
     @classmethod
     def of(cls, entry: PartitionEntry) -> PartRef:
-        return cls(entry.index, entry.docs_file, entry.input, tuple(entry.row_groups))
+        return cls(entry.index, entry.docs_file, entry.input, tuple(entry.row_groups), entry.docs, entry.tokens,
+                   entry.rows, entry.docs_sha256)
 
 
 @dataclass(kw_only=True)
@@ -190,31 +198,30 @@ def summarize_partitions(parts: Sequence[PartRef], *, out: str, storage_options:
     """The summary of ``parts`` (a cluster task's batch, or a small run's every partition), read a
     window at a time in ``threads`` threads. ``unseen_local_inputs``: why local inputs are not read
     here (the workers' machine does not see the client's files there), as each one's language problem."""
-    fs, root = filesystem(out, storage_options)
+    run = Location.at(out, storage_options)
     summary = Summary()
     inputs = _InputCache(storage_options, language_column, unseen_local=unseen_local_inputs)
     with ThreadPoolExecutor(max_workers=max(min(threads, len(parts)), 1)) as pool:
         for start in range(0, len(parts), WINDOW):
             window = parts[start:start + WINDOW]
-            for part in pool.map(lambda p: _partition_stats(fs, root, p, inputs), window):
+            for part in pool.map(lambda p: _partition_stats(run, p, inputs), window):
                 summary.add(part)
     return summary
 
 
-def _partition_stats(fs, root: str, part: PartRef, inputs: _InputCache) -> PartitionStats:
-    path = join(root, part.docs_file)
+def _partition_stats(run: Location, part: PartRef, inputs: _InputCache) -> PartitionStats:
+    """One partition's docs table, read and checked whole (``format.run.read_docs``) before any
+    length or row of it is counted."""
     try:
-        with fs.open(path, "rb") as f:
-            table = pq.read_table(f, columns=["row", "length"])
+        table = run_files.read_docs(run, part)
     except FileNotFoundError as e:
-        raise UserError(f"{path}: listed in the manifest but missing; run `tokenshards verify` on this output") from e
-    except (pa.ArrowException, OSError) as e:
-        raise UserError(f"{path}: unreadable ({type(e).__name__}: {e}); run `tokenshards verify` on this output") from e
-    lengths = table.column("length").to_numpy()
+        raise UserError(f"{run.shown(part.docs_file)}: listed in the manifest but missing; run `tokenshards verify` "
+                        "on this output") from e
+    lengths = table.column("length").to_numpy().astype(np.int64, copy=False)
     counts = np.bincount(np.searchsorted(LENGTH_EDGES, lengths, side="right") - 1, minlength=len(LENGTH_EDGES))
     stats = PartitionStats(counts=counts.astype(np.int64), docs=len(lengths), tokens=int(lengths.sum()),
                            min=int(lengths.min()) if len(lengths) else 0, max=int(lengths.max()) if len(lengths) else 0)
-    languages, problem = inputs.languages(part, table.column("row").to_numpy())
+    languages, problem = inputs.languages(part, table.column("row").to_numpy().astype(np.int64, copy=False))
     if languages is not None:
         counter: Counter = Counter()
         for lang, n, tokens in _group(languages, lengths):
@@ -273,7 +280,7 @@ class _InputCache:
                     return self._meta[url]
             try:
                 fs, path = filesystem(url, self.storage_options)
-                with fs.open(path, "rb") as f:
+                with open_input(fs, path) as f:
                     meta = self._footer(url, f)
                 offsets = [0]
                 for i in range(meta.num_row_groups):
@@ -281,6 +288,8 @@ class _InputCache:
                 result: tuple[list[int], bool] | str = (offsets, self.column in meta.schema.to_arrow_schema().names)
             except (UserError, OSError, pa.ArrowException) as e:
                 result = f"input {url} is unreachable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+            except UnsafeFile as e:  # a FIFO, a folder, a device: never opened
+                result = f"input {url} {e}"
             with self._lock:
                 self._meta[url] = result
                 del self._opening[url]
@@ -298,17 +307,20 @@ class _InputCache:
         if not has_column:
             return None, f"input {url} has no {self.column!r} column"
         first, stop = part.row_groups
+        if not 0 <= first <= stop < len(offsets):
+            return None, f"input {url} changed since the run (it has {len(offsets) - 1} row groups)"
         try:
             fs, path = filesystem(url, self.storage_options)
-            with fs.open(path, "rb") as f:
+            with open_input(fs, path) as f:
                 column = pq.ParquetFile(f, metadata=self._footer(url, f)).read_row_groups(
                     list(range(first, stop)), columns=[self.column]).column(0)
-        except (UserError, OSError, pa.ArrowException) as e:
+        except (UserError, OSError, pa.ArrowException, UnsafeFile) as e:
             return None, f"input {url} is unreadable ({type(e).__name__})"
-        if len(column) != offsets[stop] - offsets[first]:
+        at = rows - offsets[first]
+        if len(column) != offsets[stop] - offsets[first] or (at.size and (at.min() < 0 or at.max() >= len(column))):
             return None, f"input {url} changed since the run (row counts differ)"
         values = column.cast(pa.string()).fill_null("(none)").to_numpy(zero_copy_only=False)
-        return values[rows - offsets[first]], None
+        return values[at], None
 
 
 # -- presenting --

@@ -40,6 +40,7 @@ from typing import Callable
 
 import fsspec
 
+from ..untrusted import UnsafeFile, open_regular, parse_json, read_fd
 from ..namespaces import process_space
 from ..errors import UserError
 from ..wording import brief, scrub
@@ -60,6 +61,10 @@ class LeaseHeld(UserError):
 
 class LeaseLost(UserError):
     """This run's lease was taken over (it stalled past its TTL); it must not commit."""
+
+
+LEASE_LIMIT = 1 << 20
+"""The most of a lease file that is read: a record is ~300 bytes."""
 
 
 class _Conflict(Exception):
@@ -100,7 +105,7 @@ class LeaseRecord:
         """None for a record that isn't one (half-written by a foreign tool, hand-edited, a field of
         the wrong type): stale. Nothing else reads a lease file, so nothing else must check one."""
         try:
-            data = json.loads(raw)
+            data = parse_json(raw[:LEASE_LIMIT + 1])  # bounded: no RecursionError, no NaN
             record = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data or k != "space"})
         except (ValueError, TypeError, KeyError):
             return None
@@ -138,11 +143,20 @@ class _LocalOps:
         self.path = path
 
     def read(self) -> tuple[bytes, bytes] | None:
+        # A regular file only, opened without blocking nor following a link (format.paths): a FIFO
+        # or a folder put there is refused in one line, never waited on.
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
+            fd = open_regular(self.path)
         except FileNotFoundError:
             return None
+        except (UnsafeFile, OSError) as e:
+            raise UserError(f"{self.path}: {e}; no tokenshards command writes that: remove it, then rerun") from e
+        try:
+            raw = read_fd(fd, limit=LEASE_LIMIT)
+        except UnsafeFile as e:
+            raise UserError(f"{self.path}: {e}; no tokenshards command writes that: remove it, then rerun") from e
+        finally:
+            os.close(fd)
         return raw, raw
 
     def create(self, data: bytes) -> bytes:

@@ -4,10 +4,12 @@ from __future__ import annotations
 import glob as globlib
 import os
 import posixpath
+import stat
 from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import UserError
+from ..untrusted import not_regular
 from .store import check_bucket, display_url, filesystem, is_local, storage_error
 
 
@@ -66,7 +68,7 @@ def resolve_inputs(specs: tuple[str, ...] | list[str], storage_options: dict | N
             name = posixpath.relpath(p, base) if base else p
             found.setdefault(url, ListedInput(url=url, name=name))
             if is_local(fs):
-                st = os.stat(p)
+                st = _local_input(p, spec)
                 real[url] = (st.st_dev, st.st_ino)
     by_real: dict[tuple[int, int], list[str]] = {}
     for url in sorted(real):
@@ -78,3 +80,20 @@ def resolve_inputs(specs: tuple[str, ...] | list[str], storage_options: dict | N
             announce(f"warning: {', '.join(urls)} are one file (a symlink or hard link); tokenizing it once, "
                      f"as {urls[0]}")
     return [found[u] for u in sorted(found)]
+
+
+def _local_input(path: str, spec: str) -> os.stat_result:
+    """A local input's stat: a regular file, once its symlinks are followed. A dangling symlink, or a
+    FIFO, folder or device named like a parquet file, is one line (a FIFO would hang its reader)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError as e:
+        target = os.path.realpath(path)
+        raise UserError(f"input {path} (from --input {spec}) is a symlink to {target}, which does not exist; "
+                        "fix or remove the link") from e
+    except OSError as e:
+        raise UserError(f"input {path} (from --input {spec}) cannot be looked at: {type(e).__name__}: {e}") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"input {path} (from --input {spec}) {not_regular(st.st_mode)}: a parquet input is a file; "
+                        "remove it from the folder, or name the inputs by a glob that leaves it out")
+    return st

@@ -18,6 +18,7 @@ from distributed import Client, performance_report
 from .. import crashpoints
 from ..cluster import interrupt, machines, runner
 from ..format import v1 as manifest
+from ..format.run import check_destination
 from ..format.v1 import PartitionEntry
 from .config import TokenizeConfig
 from . import grow
@@ -115,6 +116,7 @@ def run_tokenize_each(config: TokenizeConfig, *, announce: Callable[[str], None]
     try:
         for output in config.outputs:
             location = Location.at(output.out, config.storage_options)
+            check_destination(location, "--out", may_be_a_run=True)  # not under a file, nor in another run
             fresh.append(_Fresh.before(location))
             location.ensure_writable()  # a missing bucket or dead endpoint fails here, in one line
             locations.append((output, location))
@@ -241,9 +243,15 @@ def refuse_out_among_inputs(config: TokenizeConfig) -> None:
 
 
 def _comparable(url: str) -> str:
-    """A local path made absolute, a URL as written: what two locations are compared as."""
+    """A local path made absolute with every symlink resolved (a glob's up to its first wildcard), a
+    URL as written: what two locations are compared as."""
     local = url.removeprefix("file://")
-    return local.rstrip("/") if "://" in local else os.path.abspath(os.path.expanduser(local))
+    if "://" in local:
+        return local.rstrip("/")
+    path = os.path.abspath(os.path.expanduser(local))
+    parts = path.split("/")
+    fixed = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts))
+    return "/".join([os.path.realpath("/".join(parts[:fixed]) or "/").rstrip("/"), *parts[fixed:]])
 
 
 def _glob_regex(pattern: str) -> str:
@@ -337,7 +345,7 @@ def _run_inputs(config: TokenizeConfig, inputs: Inputs, outs: list[_Output], enc
                         first_index=growth.first_index if growth is not None else 0)
         pieces = corpus.pieces
         for o in outs:
-            _claim(o, corpus, config, announce=announce)
+            _claim(o, corpus, config, client=client, announce=announce)
         wanted = {p.index: tuple(i for i, o in enumerate(outs) if p.index not in o.committed) for p in pieces}
         pending = [p for p in pieces if wanted[p.index]]
         announce(f"{counted(len(corpus.sources), 'input file')}, {sum(f.rows for f in corpus.files):,} rows, "
@@ -390,7 +398,8 @@ def _choose_backend(o: _Output, requested: str) -> str:
     return f"tokenizer{f' for {o.config.encoding}' if o.several else ''}: {choice.note}"
 
 
-def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Callable[[str], None]) -> None:
+def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, client: Client,
+           announce: Callable[[str], None]) -> None:
     """The output's job identity, claimed in its OUT, and the partitions an earlier run of the
     same job committed there (kept, never rewritten)."""
     files = corpus.files
@@ -416,7 +425,8 @@ def _claim(o: _Output, corpus: Corpus, config: TokenizeConfig, *, announce: Call
     _clear_leftovers(o.location)
     redo: list[str] = []
     o.committed = resume.committed_entries(o.location, job=o.parts_job, pieces=corpus.pieces, redo=redo,
-                                           kept=o.growth.kept_entries() if o.growth is not None else None)
+                                           kept=o.growth.kept_entries() if o.growth is not None else None,
+                                           client=client, encoding=o.identity["encoding"])
     for note in redo:
         announce(o.about(note))
     o.entries = dict(o.committed)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import InputChanged, OutputConflict, UserError
+from ..format import run as run_files
 from ..format import v1
 from ..format.v1 import InputRecord, Manifest, PartitionEntry
 from ..storage.hubspec import PROTOCOL
@@ -25,7 +26,7 @@ from ..storage.sources import ListedInput
 from ..storage.location import Location
 from ..storage.store import describe_identity_change, file_identity_like, filesystem
 from ..wording import counted
-from .resume import describe_conflict, recorded_inputs
+from .resume import describe_conflict, read_job_identity, recorded_inputs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,7 +113,7 @@ def start(out: Location, *, add: bool, sources: list[ListedInput], partition_byt
     against their recorded identity (a listing, never their footers)."""
     url = out.url
     try:
-        recorded = out.read_json(v1.JOB_FILE)
+        recorded = read_job_identity(out)
     except FileNotFoundError:
         if add:
             announce(f"--add: {url} holds no run yet; this is its first")
@@ -121,14 +122,14 @@ def start(out: Location, *, add: bool, sources: list[ListedInput], partition_byt
         return None
     named = [s.url for s in sources]
     try:
-        kept = v1.read_manifest(out)
+        kept = run_files.read_manifest(out)
     except FileNotFoundError:
         if set(named) == {i.path for i in recorded_inputs(recorded, url=url)}:
             return None  # the first run, unfinished: finishing it is an ordinary resume
         raise OutputConflict(f"{url} holds an unfinished run of other inputs; rerun its own command to finish it "
                              "before adding inputs, or pass --overwrite to replace it") from None
-    except (v1.ManifestError, ValueError) as e:
-        raise OutputConflict(f"{url}/{v1.MANIFEST}: {e}; run `tokenshards verify {url}`, or pass --overwrite") from e
+    except run_files.BadRunFile as e:
+        raise OutputConflict(f"{e}; run `tokenshards verify {url}`, or pass --overwrite") from e
     if partition_bytes is not None and partition_bytes != recorded.get("partition_bytes"):
         raise OutputConflict(f"--partition-mb {partition_bytes / 1e6:g} differs from the "
                              f"{recorded.get('partition_bytes', 0) / 1e6:g} MB the run in {url} was cut with; a growth "

@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from typing import Callable
 
 from ..errors import OutputConflict, UserError
+from ..format import run as run_files
 from ..format import v1
 from ..format.v1 import InputRecord, PartitionEntry
 from ..storage.location import Location
@@ -53,11 +55,15 @@ def recorded_inputs(identity: dict, *, url: str = "OUT") -> tuple[InputRecord, .
 
 
 def committed_entries(out: Location, *, job: str, pieces: list[Piece], redo: list[str] | None = None,
-                      kept: dict[int, PartitionEntry] | None = None) -> dict[int, PartitionEntry]:
+                      kept: dict[int, PartitionEntry] | None = None, client=None,
+                      encoding: dict | None = None) -> dict[int, PartitionEntry]:
     """Partitions an earlier run of the *same* job committed: their done record exists and so do
     their tokens and docs files, at the sizes the record gives (one listing of ``parts/``, not a
     HEAD per file). A committed partition whose files are gone or resized is left out, to be
-    redone; why goes to ``redo``.
+    redone; why goes to ``redo``. With ``client`` (and the run's ``encoding`` block), every
+    partition kept is also read back on the cluster and checked as any reader checks it
+    (``format.run.check_partition``: sha256, exact ``.npy`` header, ids, docs table): one whose
+    bytes are not those its record names is redone too, never kept.
 
     A done record of another job means OUT holds a different run: refuse, saying what differs.
     ``kept``: the partitions of the finished run a growth adds to (``tokenize --add``); their
@@ -69,33 +75,108 @@ def committed_entries(out: Location, *, job: str, pieces: list[Piece], redo: lis
     fs = out.fs
     listing = fs.find(out.join("parts"), detail=True) if out.exists("parts") else {}
     sizes = {_relative(out.root, path): info.get("size") for path, info in listing.items()}
-    paths = sorted(p for p in listing if p.endswith(".done.json") and p.rsplit("/", 1)[-1].startswith("part-"))
-    # One batched read: s3fs fetches the records concurrently, which matters for 10^4 of them.
-    contents = fs.cat(paths) if paths else {}
-    for path in paths:
-        try:
-            record = v1.DoneRecord.from_dict(json.loads(contents[path]), where=path)
-        except ValueError as e:  # not JSON (a JSONDecodeError), or not a done record (a ManifestError)
-            raise OutputConflict(f"{path}: {e}; pass --overwrite to replace it") from e
+    done = sorted(rel for rel in sizes if rel.endswith(".done.json") and rel.rsplit("/", 1)[-1].startswith("part-"))
+    try:  # each a regular file inside OUT, of a done record's size, parsed bounded (format.run)
+        records = run_files.read_done_records(out, done, sizes)
+    except run_files.BadRunFile as e:
+        raise OutputConflict(f"{e}; pass --overwrite to replace it") from e
+    growth_kept: dict[int, tuple[PartitionEntry, str]] = {}
+    for rel in done:
+        path, record = out.shown(rel), records[rel]
         if record.job != job:
             raise OutputConflict(
                 f"{path} was written by a different run (other inputs or options); "
                 "use another --out, or pass --overwrite to replace it"
             )
         entry = record.entry
+        if (misnamed := _names_problem(entry, rel)) is not None:
+            raise OutputConflict(f"{path}: {misnamed}; pass --overwrite to replace it")
         if entry.index in kept:
             _check_kept(entry, kept[entry.index], _files_problem(entry, sizes), path=path, url=out.url)
+            growth_kept[entry.index] = (entry, path)
             continue
         piece = by_index.get(entry.index)
-        if piece is None or entry.input != piece.input or entry.row_groups != tuple(piece.row_groups):
+        if (piece is None or entry.input != piece.input or entry.row_groups != tuple(piece.row_groups)
+                or entry.rows != piece.rows):
             raise OutputConflict(f"{path} does not match this run's partition plan; pass --overwrite to replace it")
-        problem = _files_problem(entry, sizes)
+        problem = _files_problem(entry, sizes) or (
+            f"its done record holds keys this version does not write ({', '.join(sorted(entry.extra))})"
+            if entry.extra else None)  # nothing could vouch for them: the partition is written again
         if problem:
             if redo is not None:
                 redo.append(f"partition {entry.index}: {problem}; redoing it")
             continue
         found[entry.index] = entry
+    if client is not None and encoding is not None:
+        checked = _check_contents(client, out, [*found.values(), *(e for e, _ in growth_kept.values())], encoding)
+        for index, (problem, docs_sha256) in checked.items():
+            if problem is not None:
+                if index in growth_kept:
+                    entry, path = growth_kept[index]
+                    _check_kept(entry, entry, problem, path=path, url=out.url)
+                found.pop(index, None)
+                if redo is not None:
+                    redo.append(f"partition {index}: {problem}; redoing it")
+            elif index in found:
+                found[index] = _completed(out, found[index], sizes, docs_sha256=docs_sha256, job=job)
     return found
+
+
+def _completed(out: Location, entry: PartitionEntry, sizes: dict[str, int | None], *, docs_sha256: str,
+               job: str) -> PartitionEntry:
+    """A kept partition's entry with what its files were just checked to be, where its done record
+    lacks it (a record of a version that wrote no sizes or docs hash): its done record is written
+    again, so that the run's records say what a run of this version says. Its files are untouched."""
+    filled = dataclasses.replace(
+        entry, tokens_bytes=entry.tokens_bytes if entry.tokens_bytes is not None else sizes.get(entry.tokens_file),
+        docs_bytes=entry.docs_bytes if entry.docs_bytes is not None else sizes.get(entry.docs_file),
+        docs_sha256=entry.docs_sha256 or docs_sha256,
+        mask_bytes=entry.mask_bytes if entry.mask_bytes is not None or not entry.mask_file else sizes.get(entry.mask_file))
+    if filled != entry:
+        out.write_atomic(v1.done_file(entry.index), v1.DoneRecord(entry=filled, job=job).to_bytes())
+    return filled
+
+
+def _names_problem(entry: PartitionEntry, relative: str) -> str | None:
+    """A done record names its own partition's files, and is itself named after it: one that names
+    another partition's files would commit them twice."""
+    want = {"tokens_file": v1.tokens_file(entry.index), "docs_file": v1.docs_file(entry.index),
+            "mask_file": v1.mask_file(entry.index) if entry.mask_file is not None else None}
+    wrong = [f"{k} {getattr(entry, k)!r}" for k, v in want.items() if getattr(entry, k) != v]
+    if relative != v1.done_file(entry.index):
+        wrong.insert(0, f"index {entry.index}")
+    return f"names {', '.join(wrong)}, not its own partition's files" if wrong else None
+
+
+def check_committed(entry: PartitionEntry, *, out: str, storage_options: dict, dtype: str,
+                    n_vocab: int) -> tuple[str | None, str | None]:
+    """Worker task: (why a committed partition's files cannot be kept, or None; its docs file's
+    sha256): each read back whole and checked as every reader checks them
+    (``format.run.check_partition``)."""
+    run = Location.at(out, storage_options)
+    try:
+        run_files.check_partition(run, entry, dtype=dtype, n_vocab=n_vocab)
+        docs = entry.docs_sha256 or hashlib.sha256(run_files.read_bytes(run, entry.docs_file)).hexdigest()
+    except run_files.BadRunFile as e:  # names the file and what is wrong
+        return f"{e.path.rsplit('/', 1)[-1]} {e.problem}", None
+    except FileNotFoundError:
+        return f"{entry.docs_file} is missing", None
+    return None, docs
+
+
+def _check_contents(client, out: Location, entries: list[PartitionEntry],
+                    encoding: dict) -> dict[int, tuple[str | None, str | None]]:
+    """{index: (problem or None, docs sha256)} of the ``entries``, checked on the cluster (one task
+    per partition: each reads its files once)."""
+    if not entries:
+        return {}
+    from ..cluster import runner  # here: Dask, for the command that already runs on it
+
+    futures = runner.submit(client, check_committed, entries, out=out.task_url, storage_options=out.storage_options,
+                            dtype=encoding["dtype"], n_vocab=encoding["n_vocab"])
+    results = runner.gather(client, futures, entries,
+                            explain=runner.failure(lambda e: f"checking committed partition {e.index}"))
+    return {e.index: r for e, r in zip(entries, results)}
 
 
 def _check_kept(entry: PartitionEntry, want: PartitionEntry, problem: str | None, *, path: str, url: str) -> None:
@@ -186,8 +267,9 @@ def claim_output(out: Location, identity: dict, *, identity_like: Callable[[str,
     run's when every one carries it: a run that failed before its first commit removes its job
     file, and a task still running on a cluster it does not own may commit after that."""
     url = out.url
+    _check_own_files(out)
     if out.exists(JOB_FILE):
-        old = out.read_json(JOB_FILE)
+        old = read_job_identity(out)
         if not any(i.identity is not None for i in recorded_inputs(old, url=url)):
             identity = _without_file_identities(identity)  # recorded by a version that kept no file identities
         elif identity_like is not None and old != identity:
@@ -208,13 +290,40 @@ def claim_output(out: Location, identity: dict, *, identity_like: Callable[[str,
     out.write_json(JOB_FILE, identity)
 
 
+def _check_own_files(out: Location) -> None:
+    """What a run writes in a local OUT is of the kind it writes: ``parts/`` a folder inside OUT
+    (a symlink would send every part file elsewhere, into another run perhaps), ``manifest.json``
+    and the job file not folders (the commit would fail after all the work)."""
+    if not out.is_local:
+        return
+    parts = out.join("parts")
+    if os.path.islink(parts) or (os.path.lexists(parts) and not os.path.isdir(parts)):
+        raise OutputConflict(f"{out.shown('parts')}: is {'a symlink' if os.path.islink(parts) else 'not a folder'}; a "
+                             "run writes its part files in a folder of its own: remove it, or pass --overwrite")
+    for name in (v1.MANIFEST, JOB_FILE):
+        if os.path.isdir(out.join(name)) and not os.path.islink(out.join(name)):
+            raise OutputConflict(f"{out.shown(name)}: is a folder, not the run's {name}: remove it, or pass --overwrite")
+
+
 def _all_written_by(out: Location, done: list[str], job: str) -> bool:
-    """Whether each of the ``done`` records in OUT is one that ``job`` wrote (one batched read)."""
+    """Whether each of the ``done`` records in OUT is one that ``job`` wrote (``format.run``: each a
+    regular file inside OUT, read bounded)."""
+    relatives = [_relative(out.root, path) for path in done]
     try:
-        records = out.fs.cat(done)
-        return all(v1.DoneRecord.from_dict(json.loads(records[path]), where=path).job == job for path in done)
-    except (ValueError, OSError, KeyError):  # unreadable or not a done record: not provably this run's
+        records = run_files.read_done_records(out, relatives, {})
+        return all(records[rel].job == job for rel in relatives)
+    except (UserError, OSError, KeyError):  # unreadable or not a done record: not provably this run's
         return False
+
+
+def read_job_identity(out: Location) -> dict:
+    """The job identity OUT's job file records, read as every record is (``format.run.read_job``:
+    a regular file inside OUT, bounded, checked by ``records.job_problems``). ``FileNotFoundError``
+    when there is none; ``OutputConflict`` naming the file and the problem for anything else."""
+    try:
+        return run_files.read_job(out).identity
+    except run_files.BadRunFile as e:
+        raise OutputConflict(f"{e}; pass --overwrite to replace it (or use another --out)") from e
 
 
 def _in_terms_of(old: dict, identity: dict, identity_like: Callable[[str, dict], dict]) -> dict:

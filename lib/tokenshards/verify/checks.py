@@ -17,7 +17,9 @@ import pyarrow as pa
 
 from ..encoding.plugin import WorkerEncoder
 from ..format import v1
-from ..format.v1 import REQUIRED_KEYS, DOCS_COLUMNS, Manifest, PartitionEntry
+from ..format.docs import docs_problems, layout_problems
+from ..format.records import done_problems
+from ..format.v1 import REQUIRED_KEYS, Manifest, PartitionEntry
 
 TEMPORARY_SUFFIX = ".tmp"
 """store.write_atomic's in-flight names (``<path>.<uuid>.tmp``): left by a killed writer, harmless."""
@@ -169,50 +171,16 @@ def check_mask(entry: PartitionEntry, mask: TokensFile) -> list[str]:
 
 
 def check_docs(entry: PartitionEntry, docs: pa.Table, *, n_tokens: int | None) -> list[str]:
-    """The docs table indexes the tokens exactly: contiguous, covering the array, one row per
-    document, source rows strictly increasing and within the partition's row count."""
+    """The docs table indexes the tokens exactly (format v1's one check, ``format.docs``): every
+    column, no nulls, one row per document, contiguous, covering the array, source rows strictly
+    increasing and within the partition's row count."""
     where = f"partition {entry.index}: {entry.docs_file}"
-    missing = [c for c in DOCS_COLUMNS if c not in docs.column_names]
-    if missing:
-        return [f"{where}: lacks column(s) {', '.join(missing)} (has {', '.join(docs.column_names)})"]
-    problems = []
-    for c in ("row", "start", "length"):
-        if not pa.types.is_integer(docs.schema.field(c).type):
-            problems.append(f"{where}: column {c!r} holds {docs.schema.field(c).type}, expected int64")
-    if not (pa.types.is_string(docs.schema.field("id").type) or pa.types.is_large_string(docs.schema.field("id").type)):
-        problems.append(f"{where}: column 'id' holds {docs.schema.field('id').type}, expected strings")
-    if problems:
-        return problems
-    if docs.num_rows != entry.docs:
-        problems.append(f"{where}: {docs.num_rows} documents, manifest says docs={entry.docs}")
-    rows, starts, lengths = (docs.column(c).to_numpy().astype(np.int64) for c in ("row", "start", "length"))
-    problems += check_layout(starts, lengths, n_tokens=n_tokens, where=where)
-    if rows.size:
-        steps = np.flatnonzero(np.diff(rows) <= 0)
-        if steps.size:
-            i = int(steps[0])
-            problems.append(f"{where}: rows are not strictly increasing (document {i + 1} has row {rows[i + 1]} "
-                            f"after row {rows[i]})")
-        if rows.min() < 0 or rows.max() - rows.min() >= entry.rows:
-            problems.append(f"{where}: rows {rows.min()}..{rows.max()} do not fit the partition's {entry.rows} rows")
-    return problems
+    return [f"{where}: {p}" for p in docs_problems(docs, n_docs=entry.docs, n_tokens=n_tokens, n_rows=entry.rows)]
 
 
 def check_layout(starts: np.ndarray, lengths: np.ndarray, *, n_tokens: int | None, where: str) -> list[str]:
     """``start[0] == 0``, ``start[i+1] == start[i] + length[i]``, ``sum(length) == len(tokens)``."""
-    problems = []
-    if starts.size and starts[0] != 0:
-        problems.append(f"{where}: first document starts at {starts[0]}, expected 0")
-    gaps = np.flatnonzero(starts[1:] != starts[:-1] + lengths[:-1])
-    if gaps.size:
-        i = int(gaps[0]) + 1
-        problems.append(f"{where}: document {i} starts at {starts[i]}, expected {starts[i - 1] + lengths[i - 1]} "
-                        f"({gaps.size} gap(s) or overlap(s))")
-    if (lengths < 1).any():
-        problems.append(f"{where}: {int((lengths < 1).sum())} document(s) with no tokens")
-    if n_tokens is not None and int(lengths.sum()) != n_tokens:
-        problems.append(f"{where}: documents cover {int(lengths.sum())} tokens, the array holds {n_tokens}")
-    return problems
+    return [f"{where}: {p}" for p in layout_problems(starts, lengths, n_tokens=n_tokens)]
 
 
 def check_separators(entry: PartitionEntry, values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *,
@@ -237,18 +205,9 @@ def check_separators(entry: PartitionEntry, values: np.ndarray, starts: np.ndarr
 
 
 def check_done(entry: PartitionEntry, record: v1.DoneRecord, *, job: str) -> list[str]:
-    """The done record is the partition's commit: it must say what the manifest says."""
+    """The done record is the partition's commit: it must say what the manifest says (``records.done_problems``)."""
     where = f"partition {entry.index}: {v1.done_file(entry.index)}"
-    problems = []
-    if record.job != job:
-        problems.append(f"{where}: written by job {record.job[:12]}…, the manifest's is {job[:12]}…")
-    # Compared key by key, keys this version does not know included.
-    body, entry = record.entry.to_dict(), entry.to_dict()
-    differ = sorted(k for k in set(body) | set(entry) if body.get(k) != entry.get(k))
-    if differ:
-        shown = "; ".join(f"{k}: {body.get(k)!r} vs manifest {entry.get(k)!r}" for k in differ[:3])
-        problems.append(f"{where}: disagrees with manifest.json ({shown})")
-    return problems
+    return [f"{where}: {p}" for p in done_problems(entry, record, job=job)]
 
 
 def expected_document(body: list[int], *, prefix: tuple[int, ...] = (), suffix: tuple[int, ...] = ()) -> list[int]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import os
 import stat
 from bisect import bisect_right
@@ -20,12 +19,15 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from distributed import Client
 
+from .. import limits
 from ..cluster import runner
 from ..cluster.progress import Progress
+from ..format import run as run_files
 from ..format import v1
+from ..format.docs import DocsError, parse_docs
+from ..format.paths import open_input
 from ..format.v1 import Manifest, PartitionEntry
 from ..cluster import machines
 from ..cluster.options import RunOptions
@@ -38,7 +40,7 @@ from ..wording import counted
 from ..corpus.footers import WORKER_FOOTERS
 from ..storage.hubreaders import reading_plugins_for_run
 from ..storage.location import Location
-from ..storage.store import file_identity_like, filesystem, is_local, join, read_json
+from ..storage.store import file_identity_like, filesystem, is_local
 from ..corpus.plan import tools_to_read
 from .checks import (Expected, check_docs, check_done, check_entries, check_listing, check_manifest, check_mask,
                      check_separators,
@@ -62,8 +64,12 @@ class VerifyConfig(RunOptions):
 
     def __post_init__(self):
         super().__post_init__()
+        object.__setattr__(self, "deep", limits.whole("--deep", self.deep, high=limits.MAX_COUNT,
+                                                      what="a number of documents"))
         if self.deep < 0:
             raise UserError(f"--deep {self.deep} must be 0 or more documents")
+        object.__setattr__(self, "seed", limits.whole("--seed", self.seed, low=limits.MIN_SEED, high=limits.MAX_SEED,
+                                                      what="a seed"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,47 +115,52 @@ def verify_partition(entry: PartitionEntry, sample: list[int], *, out: str, stor
 
 def _verify_partition(entry: PartitionEntry, sample: list[int], *, out: str, storage_options: dict,
                       expected: Expected) -> tuple[list[str], int]:
-    fs, root = filesystem(out, storage_options)
+    run = Location.at(out, storage_options)
     where = f"partition {entry.index}"
     problems: list[str] = []
 
+    def read(name: str, what: str = "") -> bytes | None:
+        """A file of the partition through ``format.run`` (regular, inside OUT), or None with its problem noted."""
+        try:
+            return run_files.read_bytes(run, name)
+        except FileNotFoundError:
+            problems.append(f"{where}: {name} is missing{what}")
+        except run_files.BadRunFile as e:
+            problems.append(f"{where}: {name} {e.problem}")
+        return None
+
     tokens = None
-    try:
-        tokens = parse_tokens_file(fs.cat_file(join(root, entry.tokens_file)))
-    except FileNotFoundError:
-        problems.append(f"{where}: {entry.tokens_file} is missing")
-    except OSError as e:
-        problems.append(f"{where}: {entry.tokens_file} unreadable ({type(e).__name__}: {e})")
-    if tokens is not None:
+    raw = read(entry.tokens_file)
+    if raw is not None:
+        tokens = parse_tokens_file(raw)
         problems += check_tokens(entry, tokens, expected=expected)
     mask = None
-    if entry.mask_file:
-        try:
-            mask = parse_tokens_file(fs.cat_file(join(root, entry.mask_file)))
-            problems += check_mask(entry, mask)
-        except FileNotFoundError:
-            problems.append(f"{where}: {entry.mask_file} is missing")
-        except OSError as e:
-            problems.append(f"{where}: {entry.mask_file} unreadable ({type(e).__name__}: {e})")
+    if entry.mask_file and (raw := read(entry.mask_file)) is not None:
+        mask = parse_tokens_file(raw)
+        problems += check_mask(entry, mask)
 
     docs = None
-    try:
-        docs = pq.read_table(io.BytesIO(fs.cat_file(join(root, entry.docs_file))))
-    except FileNotFoundError:
-        problems.append(f"{where}: {entry.docs_file} is missing")
-    except (OSError, pa.ArrowException) as e:
-        problems.append(f"{where}: {entry.docs_file} unreadable ({str(e).splitlines()[0]})")
+    raw = read(entry.docs_file)
+    if raw is not None:
+        try:
+            docs = parse_docs(raw)
+        except DocsError as e:
+            problems.append(f"{where}: {entry.docs_file} {e}")
+        else:
+            if entry.docs_sha256 is not None and hashlib.sha256(raw).hexdigest() != entry.docs_sha256:
+                problems.append(f"{where}: {entry.docs_file}: sha256 {hashlib.sha256(raw).hexdigest()[:12]}… != "
+                                f"manifest's {entry.docs_sha256[:12]}… (the file changed after the run)")
     n_tokens = tokens.shape[0] if tokens is not None and len(tokens.shape) == 1 else None
     docs_problems = check_docs(entry, docs, n_tokens=n_tokens) if docs is not None else []
     problems += docs_problems
 
-    try:
-        done = v1.DoneRecord.from_dict(read_json(fs, join(root, v1.done_file(entry.index))), sums=False)
-        problems += check_done(entry, done, job=expected.job)
-    except FileNotFoundError:
-        problems.append(f"{where}: {v1.done_file(entry.index)} is missing: the partition was never committed")
-    except (OSError, ValueError) as e:
-        problems.append(f"{where}: {v1.done_file(entry.index)} unreadable ({type(e).__name__}: {e})")
+    raw = read(v1.done_file(entry.index), ": the partition was never committed")
+    if raw is not None:
+        try:
+            done = run_files.parse_done(run, v1.done_file(entry.index), raw, sums=False)
+            problems += check_done(entry, done, job=expected.job)
+        except run_files.BadRunFile as e:
+            problems.append(f"{where}: {v1.done_file(entry.index)} unreadable ({e.problem})")
 
     # Look inside the token values only when the layout checks passed (indices are in bounds).
     if docs is None or docs_problems or tokens is None or tokens.values is None:
@@ -319,7 +330,7 @@ def _read_rows(url: str, rows: list[int], *, row_groups: tuple[int, int], text_c
     for all the partitions of that file (``corpus.footers``). A chat run's ``tools`` column, where
     the input has it, fills ``tools_out`` ({row: tools}) the same way."""
     fs, path = filesystem(url, storage_options)
-    with fs.open(path, "rb") as f:
+    with open_input(fs, path) as f:  # locally a regular file only, opened without blocking
         pf = WORKER_FOOTERS.open(f, url, identity)
         bounds = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
         group_of = {row: bisect_right(bounds, row) - 1 for row in rows}
@@ -347,15 +358,14 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     nothing to check (no manifest) or the cluster or storage can't be reached."""
 
     run = Location.at(config.out, config.storage_options)
+    run_files.refuse_a_file(run)
     try:
-        raw = v1.read_manifest_json(run)
+        raw = run_files.read_manifest_json(run)
     except FileNotFoundError as e:
         raise UserError(v1.not_a_run(run) or f"{config.out} has no {v1.MANIFEST}: the run did not finish; "
                         "rerun the same tokenize command to resume") from e
-    except v1.ManifestError as e:  # not a regular file: never opened
-        return _report(config, manifest=None, problems=[f"manifest.json: {e}"])
-    except ValueError as e:
-        return _report(config, manifest=None, problems=[f"manifest.json: not valid JSON ({e})"])
+    except run_files.BadRunFile as e:  # not a regular file inside OUT (never opened), or not JSON
+        return _report(config, manifest=None, problems=[f"manifest.json: {e.problem}"])
 
     problems = check_manifest(raw)
     if problems:
@@ -368,7 +378,7 @@ def run_verify(config: VerifyConfig, *, announce: Callable[[str], None] = print)
     problems = v1.local_file_problems(run, manifest)
     if problems:
         return _report(config, manifest=None, problems=problems)
-    problems = check_entries(manifest)
+    problems = check_entries(manifest) + run_files.commit_problems(run, manifest)
     try:
         names = _list_parts(run)
     except OSError as e:
