@@ -91,12 +91,16 @@ def remote_size(fs, path: str) -> int:
 
 
 def read_remote(fs, path: str, *, limit: int | None = None) -> bytes:
-    size = remote_size(fs, path)
-    if limit is not None and size > limit:
-        raise UnsafeFile(f"is {size:,} bytes, more than such a file may be ({limit:,}); it is not read")
-    raw = fs.cat_file(path)
+    """An object's bytes, at most ``limit`` of them read (one ranged GET: a record is read in one
+    request, and a store's refusal is the answer to a GET, whose body says why, not to a HEAD);
+    a prefix (a "folder") is said as such when no object has the name."""
+    try:
+        raw = fs.cat_file(path) if limit is None else fs.cat_file(path, start=0, end=limit + 1)
+    except (FileNotFoundError, IsADirectoryError):
+        remote_size(fs, path)  # UnsafeFile for a prefix; FileNotFoundError when nothing is there
+        raise
     if limit is not None and len(raw) > limit:
-        raise UnsafeFile(f"grew past {limit:,} bytes while read; it is not read")
+        raise UnsafeFile(f"is more than such a file may be ({limit:,} bytes); it is not read")
     return raw
 
 

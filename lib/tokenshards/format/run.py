@@ -69,7 +69,8 @@ def read_bytes(run: Location, relative: str, *, limit: int | None = None) -> byt
     try:
         if run.is_local:
             return read_local(run.root, relative, limit=limit)
-        return read_remote(run.fs, run.join(relative), limit=limit)
+        with run.worded(relative, what="cannot read"):  # a store's refusal or outage: its own one line
+            return read_remote(run.fs, run.join(relative), limit=limit)
     except UnsafeFile as e:
         raise BadRunFile(run.shown(relative), str(e)) from e
     except FileNotFoundError:
@@ -137,7 +138,8 @@ def read_done_records(run: Location, relatives: list[str], sizes: dict[str, int 
         if size is not None and size > limit:
             raise BadRunFile(run.shown(rel), f"is {size:,} bytes, more than a done record may be ({limit:,})")
     paths_ = {run.join(rel): rel for rel in relatives}
-    contents = run.fs.cat(list(paths_)) if paths_ else {}
+    with run.worded("parts", what="cannot read the done records in"):
+        contents = run.fs.cat(list(paths_)) if paths_ else {}
     return {rel: parse_done(run, rel, contents[path][:limit + 1]) for path, rel in paths_.items()}
 
 
@@ -173,9 +175,10 @@ def array_file(run: Location, relative: str, *, dtype: str, length: int) -> Arra
             finally:
                 os.close(fd)
         path = run.join(relative)
-        size = remote_size(run.fs, path)
-        return check_array(run, relative, run.fs.cat_file(path, start=0, end=min(NPY_HEAD_PROBE, size)), size,
-                           dtype=dtype, length=length)
+        with run.worded(relative, what="cannot read"):
+            size = remote_size(run.fs, path)
+            head = run.fs.cat_file(path, start=0, end=min(NPY_HEAD_PROBE, size))
+        return check_array(run, relative, head, size, dtype=dtype, length=length)
     except UnsafeFile as e:
         raise BadRunFile(run.shown(relative), str(e)) from e
     except (FileNotFoundError, BadRunFile):

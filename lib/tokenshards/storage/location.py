@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import fsspec
 
 from ..errors import UserError
+from ..untrusted import UnsafeFile
 from .store import (StorageOptions, _one_line, check_bucket, display_url, filesystem, is_local, is_object_store, join,
                     storage_error, write_advice, write_atomic, write_json)
 from .store import storage_options as checked_options
@@ -86,25 +87,25 @@ class Location:
         return "/".join([self.url.rstrip("/"), *parts]) if parts else self.url
 
     def exists(self, *parts: str) -> bool:
-        with self._worded(parts, "cannot check"):
+        with self.worded(*parts, what="cannot check"):
             return self.fs.exists(self.join(*parts))
 
     def glob(self, *parts: str) -> list[str]:
         return self.fs.glob(self.join(*parts))
 
     def read_json(self, *parts: str):
-        with self._worded(parts, "cannot read"):
+        with self.worded(*parts, what="cannot read"):
             raw = self.fs.cat_file(self.join(*parts))
         return json.loads(raw)
 
     @contextlib.contextmanager
-    def _worded(self, parts: tuple[str, ...], what: str):
+    def worded(self, *parts: str, what: str):
         """A store's failure (a refusal, a failure the retry policy gave up on) as one line naming the
         file as the user writes it (``storage_error``); "not there" stays ``FileNotFoundError``, the
         callers' to say, and a local folder's errors stay theirs too."""
         try:
             yield
-        except (FileNotFoundError, UserError):
+        except (FileNotFoundError, UserError, UnsafeFile):  # not the store's failure: the caller's to say
             raise
         except Exception as e:
             if not self.is_object_store:
