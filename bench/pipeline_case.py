@@ -43,7 +43,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import BIN, HELD_OUT_SEED, HERE, SHARED, build_corpus, rotated, run_metered, run_ours
+from harness import HELD_OUT_SEED, HERE, SHARED, build_corpus, rotated, run_metered, run_ours
 from tokenizers_case import tokenizer_folder
 
 TOKENIZERS = {
