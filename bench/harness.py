@@ -191,6 +191,17 @@ def run_metered(cmd: list[str], *, proportional: bool = False, env: dict | None 
 LAST_CPU: dict = {"tree": 0.0, "below_root": 0.0, "by_role": {}, "worker_threads": {}}
 
 
+def tiktoken_env(encoding: str) -> dict:
+    """The shared scripts call tiktoken.get_encoding; offline, point them at a tiktoken cache
+    holding the packaged, hash-checked rank files."""
+    from tokenshards.encoding.encoders import OFFLINE_COPIES, prepare_offline_cache
+
+    env = dict(os.environ)
+    if "TIKTOKEN_CACHE_DIR" not in env and encoding in OFFLINE_COPIES:
+        env["TIKTOKEN_CACHE_DIR"] = str(prepare_offline_cache(encoding))
+    return env
+
+
 def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool = False, *,
              proportional: bool = False, extra: tuple[str, ...] = (), env: dict | None = None) -> dict:
     """One whole tokenize command; with ``proportional`` its peak memory is PSS (and its time is not comparable)."""

@@ -43,7 +43,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from harness import HELD_OUT_SEED, HERE, SHARED, build_corpus, rotated, run_metered, run_ours
+from harness import LAST_CPU, HELD_OUT_SEED, HERE, SHARED, build_corpus, rotated, run_metered, run_ours, tiktoken_env
 from tokenizers_case import tokenizer_folder
 
 TOKENIZERS = {
@@ -68,11 +68,7 @@ def run_bare(pattern: str, workers: int, scratch: Path, *, folder: Path | None, 
     source = ["--tokenizer-json", str(folder / "tokenizer.json"), "--eot-id", str(eot_id)] if folder else ["--encoding", "gpt2"]
     cmd = [sys.executable, str(SHARED / "bare_pipeline.py"), pattern, str(out), "--procs", str(workers), *source,
            "--eot", eot]
-    from run import tiktoken_env  # the shared script reads gpt2's ranks through tiktoken: offline, our copies
-
-    stdout, wall, peak = run_metered(cmd, env=tiktoken_env("gpt2"))
-    from harness import LAST_CPU
-
+    stdout, wall, peak = run_metered(cmd, env=tiktoken_env("gpt2"))  # it reads gpt2 through tiktoken: offline copies
     shutil.rmtree(out, ignore_errors=True)
     fields = dict(kv.split("=") for kv in stdout.strip().splitlines()[-1].split()[1:])
     return {"tokens": int(fields["tokens"]), "seconds": wall, "own_seconds": float(fields["seconds"]),

@@ -54,7 +54,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from harness import (BIN, HELD_OUT_SEED, HERE, SHARED, build_corpus, median, prepare_peer, ratio, rotated, run_metered,
-                     run_ours, run_peer)
+                     run_ours, run_peer, tiktoken_env)
 from chat_case import describe as describe_chat
 from chat_case import measure as measure_chat
 from pipeline_case import describe as describe_pipeline
@@ -134,17 +134,6 @@ def print_export(e: dict) -> None:
     print(f"export --shuffle peak RSS at {small:,} vs {big:,} tokens: {e['shuffled_peak_rss_bytes'][0] / 1e6:.0f} MB vs "
           f"{e['shuffled_peak_rss_bytes'][1] / 1e6:.0f} MB, x{e['memory_growth']:.2f} (target flat, <= 1.25: "
           f"{'ok' if e['memory_ok'] else 'MISSED'})")
-
-
-def tiktoken_env(encoding: str) -> dict:
-    """The shared scripts call tiktoken.get_encoding; offline, point them at a tiktoken cache
-    holding the packaged, hash-checked rank files."""
-    from tokenshards.encoding.encoders import OFFLINE_COPIES, prepare_offline_cache
-
-    env = dict(os.environ)
-    if "TIKTOKEN_CACHE_DIR" not in env and encoding in OFFLINE_COPIES:
-        env["TIKTOKEN_CACHE_DIR"] = str(prepare_offline_cache(encoding))
-    return env
 
 
 def run_script(script: str, args: list[str]) -> dict:
