@@ -141,7 +141,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/run.py --pipeline-mb $(PIPELINE_MB) $(if $(MEGATRON_SRC),--megatron-src $(MEGATRON_SRC))
 	$(if $(strip $(SCALE_TOKENS)),$(BIN)/python bench/scale.py $(foreach t,$(SCALE_TOKENS),--tokens $(t)))
 
-# Issue 57's three ratios and the per-partition cost alone (~15 min on a quiet 2-core machine; measure there:
+# Issue 57's three ratios and the per-partition cost alone (~10 min on a quiet 2-core machine; measure there:
 # every wall-time ratio moves with what else runs, and the load is recorded beside each): bench/results-pipeline.json.
 bench-pipeline: $(STAMP)
 	$(BIN)/python bench/pipeline_case.py --mb $(PIPELINE_MB)
