@@ -31,7 +31,7 @@ TOKENIZE_FLAGS = --out $(OUT) --encoding $(ENCODING) \
 	$(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(REPORT),--report $(REPORT)) \
 	$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
 
-.PHONY: install tokenize download test bench demo-corpus clean scheduler worker inspect verify export
+.PHONY: install tokenize download test bench bench-pipeline bench-10b demo-corpus clean scheduler worker inspect verify export
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -142,10 +142,25 @@ export: $(STAMP)
 # make bench [MEGATRON_SRC=DIR]: DIR, a Megatron-LM git clone, adds its fast path as the peer (bench/peer_megatron.py).
 # Then the scale rehearsal (bench/scale.py: tokenize, shuffled export, verify --deep, inspect at sizes 10x
 # apart, on a `dask scheduler` + `dask worker` cluster): SCALE_TOKENS="1B 10B" where the disk allows, SCALE_TOKENS= skips it.
+# The pipeline case (issue 57: our whole command against shared/bench/bare_pipeline.py with gpt2, Llama 3 and
+# Qwen3 on PIPELINE_MB of held-out text, and one more partition's cost) runs within it; alone: make bench-pipeline.
 SCALE_TOKENS ?= 100M 1B
+PIPELINE_MB ?= 1000
 bench: $(STAMP)
-	$(BIN)/python bench/run.py $(if $(MEGATRON_SRC),--megatron-src $(MEGATRON_SRC))
+	$(BIN)/python bench/run.py --pipeline-mb $(PIPELINE_MB) $(if $(MEGATRON_SRC),--megatron-src $(MEGATRON_SRC))
 	$(if $(strip $(SCALE_TOKENS)),$(BIN)/python bench/scale.py $(foreach t,$(SCALE_TOKENS),--tokens $(t)))
+
+# Issue 57's three ratios and the per-partition cost alone (~10 min on a quiet 2-core machine; measure there:
+# every wall-time ratio moves with what else runs, and the load is recorded beside each): bench/results-pipeline.json.
+bench-pipeline: $(STAMP)
+	$(BIN)/python bench/pipeline_case.py --mb $(PIPELINE_MB)
+
+# A real 10-billion-token run on this machine (issue 57): the corpus (~26 GB of text, make_corpus's ~1 GB pool
+# repeated), tokenize (gpt2), verify --deep, inspect and a shuffled llmc export where the disk allows (~53 GB in all;
+# checked first), on a `dask scheduler` + `dask worker` cluster. Runs unattended; its report is
+# bench/results-scale-10b.json and a printed table. Several hours on 2 cores.
+bench-10b: $(STAMP)
+	$(BIN)/python bench/scale.py --tokens 10B --out bench/results-scale-10b.json
 
 clean:
 	rm -rf out data/demo .pytest_cache

@@ -4,6 +4,7 @@ command and Megatron's fast path run that way, and how repeats are ordered and s
 order, medians, paired ratios)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import statistics
@@ -77,6 +78,10 @@ class PeakTreeRSS:
         self.proportional = proportional
         self.peak = 0
         self.cpu: dict[int, float] = {}
+        self.roles: dict[int, str] = {}
+        """pid: ``role_of`` it, named when first seen."""
+        self.threads: dict[int, dict[int, float]] = {}
+        """pid: {thread id: CPU seconds} (Linux: /proc/PID/task), to tell a worker's event loop from its tasks."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -93,6 +98,10 @@ class PeakTreeRSS:
                     total += p.memory_full_info().pss if self.proportional else p.memory_info().rss
                     t = p.cpu_times()
                     self.cpu[p.pid] = t.user + t.system
+                    if p.pid not in self.roles:
+                        self.roles[p.pid] = role_of(p, self.root)
+                    # Merged, not replaced: an exiting process lists only the threads it has left.
+                    self.threads.setdefault(p.pid, {}).update(thread_cpu(p.pid))
                 except psutil.NoSuchProcess:
                     pass
             self.peak = max(self.peak, total)
@@ -102,6 +111,64 @@ class PeakTreeRSS:
         self._stop.set()
         self._thread.join()
         return self.peak
+
+
+    def by_role(self) -> dict[str, float]:
+        """CPU seconds per ``role_of``: client, forkserver, workers (summed), other."""
+        out: dict[str, float] = {}
+        for pid, cpu in self.cpu.items():
+            role = self.roles.get(pid, "other")
+            out[role] = out.get(role, 0.0) + cpu
+        return out
+
+    def worker_threads(self) -> dict[str, float]:
+        """The workers' CPU by thread, summed over workers: the event loop (the main thread), the
+        busiest other thread (the task thread: one per worker here), and the rest (profiler,
+        writer, monitors)."""
+        loop = tasks = rest = 0.0
+        for pid, threads in self.threads.items():
+            if self.roles.get(pid) != "workers" or not threads:
+                continue
+            loop += threads.get(pid, 0.0)
+            others = sorted((cpu for tid, cpu in threads.items() if tid != pid), reverse=True)
+            tasks += others[0] if others else 0.0
+            rest += sum(others[1:])
+        return {"event_loop": loop, "task_thread": tasks, "other_threads": rest}
+
+
+def role_of(process: psutil.Process, root: psutil.Process) -> str:
+    """client (the command's own process, with a LocalCluster's scheduler in it), forkserver
+    (multiprocessing's, which local workers are forked from), workers (its children, or any
+    process named a Dask worker), other (a bare script's pool processes, ...)."""
+    if process.pid == root.pid:
+        return "client"
+    try:
+        cmdline = " ".join(process.cmdline())
+        parent = process.ppid()
+    except psutil.Error:
+        return "other"
+    if "multiprocessing.forkserver import main" in cmdline:
+        # The server itself is the root's child; its forked children (the workers) keep its cmdline.
+        return "forkserver" if parent == root.pid else "workers"
+    return "workers" if "dask" in cmdline and "worker" in cmdline else "other"
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """{thread id: CPU seconds} of a process, from /proc (empty where there is none)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15 of stat)
+    return out
 
 
 def run_metered(cmd: list[str], *, proportional: bool = False, env: dict | None = None) -> tuple[str, float, int]:
@@ -114,31 +181,43 @@ def run_metered(cmd: list[str], *, proportional: bool = False, env: dict | None 
     stdout, stderr = proc.communicate()
     wall = time.perf_counter() - t0
     peak = meter.stop()
-    LAST_CPU.update(tree=sum(meter.cpu.values()), below_root=sum(meter.cpu.values()) - meter.cpu.get(proc.pid, 0.0))
+    LAST_CPU.update(tree=sum(meter.cpu.values()), below_root=sum(meter.cpu.values()) - meter.cpu.get(proc.pid, 0.0),
+                    by_role=meter.by_role(), worker_threads=meter.worker_threads())
     if proc.returncode:
         raise SystemExit(f"{Path(cmd[0]).name} {cmd[1]} failed:\n{stderr}")
     return stdout, wall, peak
 
 
-LAST_CPU = {"tree": 0.0, "below_root": 0.0}
+LAST_CPU: dict = {"tree": 0.0, "below_root": 0.0, "by_role": {}, "worker_threads": {}}
+
+
+def tiktoken_env(encoding: str) -> dict:
+    """The shared scripts call tiktoken.get_encoding; offline, point them at a tiktoken cache
+    holding the packaged, hash-checked rank files."""
+    from tokenshards.encoding.encoders import OFFLINE_COPIES, prepare_offline_cache
+
+    env = dict(os.environ)
+    if "TIKTOKEN_CACHE_DIR" not in env and encoding in OFFLINE_COPIES:
+        env["TIKTOKEN_CACHE_DIR"] = str(prepare_offline_cache(encoding))
+    return env
 
 
 def run_ours(corpus: Path, workers: int, backend: str, scratch: Path, keep: bool = False, *,
-             proportional: bool = False, extra: tuple[str, ...] = ()) -> dict:
+             proportional: bool = False, extra: tuple[str, ...] = (), env: dict | None = None) -> dict:
     """One whole tokenize command; with ``proportional`` its peak memory is PSS (and its time is not comparable)."""
     out = scratch / f"out-{backend}"
     shutil.rmtree(out, ignore_errors=True)
     cmd = [str(BIN / "tokenshards"), "tokenize", "--input", str(corpus), "--out", str(out), "--workers", str(workers),
            "--backend", backend, "--progress", "none", "--dashboard-address", ":0", *extra]
-    stdout, wall, peak = run_metered(cmd, proportional=proportional)
+    stdout, wall, peak = run_metered(cmd, proportional=proportional, env=env)
     tokens = int(re.search(r"([\d,]+) tokens", stdout).group(1).replace(",", ""))
     phase = float(re.search(r"tokenizing phase ([\d.]+) s", stdout).group(1))
     partitions = int(re.search(r"([\d,]+) partitions? \(", stdout).group(1).replace(",", ""))
     if not keep:
         shutil.rmtree(out, ignore_errors=True)
     return {"out": str(out), "tokens": tokens, "partitions": partitions, "seconds": wall, "cpu_seconds": LAST_CPU["tree"],
-            "worker_cpu_seconds": LAST_CPU["below_root"],
-            "tokens_per_s": tokens / wall,
+            "worker_cpu_seconds": LAST_CPU["below_root"], "cpu_by_role": LAST_CPU["by_role"],
+            "worker_threads_cpu": LAST_CPU["worker_threads"], "tokens_per_s": tokens / wall,
             "phase_seconds": phase, "phase_tokens_per_s": tokens / phase, "peak_rss_bytes": peak}
 
 

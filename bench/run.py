@@ -18,7 +18,10 @@ and cl100k_base in one command against one command each (issue 25; ``encodings_a
 tokenizers case times Llama 3 and Qwen3 against bare gigatoken, datatrove and Megatron with those
 tokenizers, and against our gpt2 rate on the same text (issue 44; ``tokenizers_case.py``, which also
 runs alone at 1 GB: bench/results-tokenizers.json); the chat case times a chat run against a plain run of
-the same text (issue 54; ``chat_case.py``, which also runs alone, before and after a change).
+the same text (issue 54; ``chat_case.py``, which also runs alone, before and after a change); the
+pipeline case times our whole command against ``../shared/bench/bare_pipeline.py`` (the whole-job
+ceiling) with gpt2, Llama 3 and Qwen3 on 1 GB, and one more partition's cost from outside (issue 57;
+``pipeline_case.py``, which also runs alone: bench/results-pipeline.json).
 
     python bench/run.py [--mb 200] [--repeats 3] [--workers N] [--lang all,en] [--megatron-src DIR]
     python bench/run.py --mb 1000 --lang all,en --default-only --memory-scale 0 --skip-export \
@@ -51,9 +54,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from harness import (BIN, HELD_OUT_SEED, HERE, SHARED, build_corpus, median, prepare_peer, ratio, rotated, run_metered,
-                     run_ours, run_peer)
+                     run_ours, run_peer, tiktoken_env)
 from chat_case import describe as describe_chat
 from chat_case import measure as measure_chat
+from pipeline_case import describe as describe_pipeline
+from pipeline_case import measure as measure_pipeline
+from pipeline_case import partitions as pipeline_partitions
 from tokenizers_case import describe as describe_tokenizers
 from tokenizers_case import measure as measure_tokenizers
 
@@ -128,17 +134,6 @@ def print_export(e: dict) -> None:
     print(f"export --shuffle peak RSS at {small:,} vs {big:,} tokens: {e['shuffled_peak_rss_bytes'][0] / 1e6:.0f} MB vs "
           f"{e['shuffled_peak_rss_bytes'][1] / 1e6:.0f} MB, x{e['memory_growth']:.2f} (target flat, <= 1.25: "
           f"{'ok' if e['memory_ok'] else 'MISSED'})")
-
-
-def tiktoken_env(encoding: str) -> dict:
-    """The shared scripts call tiktoken.get_encoding; offline, point them at a tiktoken cache
-    holding the packaged, hash-checked rank files."""
-    from tokenshards.encoding.encoders import OFFLINE_COPIES, prepare_offline_cache
-
-    env = dict(os.environ)
-    if "TIKTOKEN_CACHE_DIR" not in env and encoding in OFFLINE_COPIES:
-        env["TIKTOKEN_CACHE_DIR"] = str(prepare_offline_cache(encoding))
-    return env
 
 
 def run_script(script: str, args: list[str]) -> dict:
@@ -501,6 +496,11 @@ def main() -> None:
     ap.add_argument("--tokenizers-case", action=argparse.BooleanOptionalAction, default=True,
                     help="Llama 3 and Qwen3 against bare gigatoken, datatrove and Megatron, on the first corpus "
                          "(default on; bench/tokenizers_case.py runs it alone)")
+    ap.add_argument("--pipeline-case", action=argparse.BooleanOptionalAction, default=True,
+                    help="issue 57's figures: our whole command vs ../shared/bench/bare_pipeline.py with gpt2, Llama 3 "
+                         "and Qwen3, and the cost of one more partition, on --pipeline-mb of held-out text (default on; "
+                         "bench/pipeline_case.py runs it alone)")
+    ap.add_argument("--pipeline-mb", type=float, default=1000, help="text of the pipeline case (default 1000 MB)")
     ap.add_argument("--chat-case", action=argparse.BooleanOptionalAction, default=True,
                     help="a chat run's rate against a plain run of the same text (default on; bench/chat_case.py runs "
                          "it alone, and before/after a change with --before)")
@@ -582,6 +582,14 @@ def main() -> None:
         if a.tokenizers_case:
             results["tokenizers"] = tokenizers_case(corpus, a, scratch, peer)
             print("\n".join(describe_tokenizers(results["tokenizers"])))
+        if a.pipeline_case:  # its own corpus: issue 57's 1 GB, whatever --mb
+            pipe_corpus, _ = build_corpus(a.corpus_dir / f"{a.pipeline_mb:g}mb-all-seed{HELD_OUT_SEED}", a.pipeline_mb,
+                                          shared=a.shared)
+            results["pipeline"] = measure_pipeline(pipe_corpus, workers=a.workers, repeats=a.repeats,
+                                                   scratch=scratch / "pipeline", cache=a.scratch)
+            results["pipeline"]["partitions"] = pipeline_partitions(a.pipeline_mb, workers=a.workers, repeats=a.repeats,
+                                                                    scratch=scratch / "pipeline", corpus_dir=a.corpus_dir)
+            print("\n".join(describe_pipeline(results["pipeline"])))
         if a.chat_case:  # its own corpus (conversations cut from the held-out text), CHAT_MB of it
             results["chat"] = measure_chat(mb=CHAT_MB, repeats=a.repeats, workers=a.workers, before=None,
                                            scratch=scratch / "chat", cache=a.scratch)

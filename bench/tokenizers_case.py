@@ -390,6 +390,10 @@ def main() -> None:
                     datatrove=not a.no_datatrove, cache=a.scratch)
     m["corpus"] = {"path": str(corpus), "mb": a.mb, "source": source}
     m["load_average"] = os.getloadavg()
+    if a.out.exists():  # the peers' rows recorded by hand (each with its provenance) stay with the new run
+        kept = json.loads(a.out.read_text()).get("peers")
+        if kept:
+            m["peers"] = kept
     a.out.write_text(json.dumps(m, indent=1) + "\n")
     print("\n".join(describe(m)))
     print(f"written to {a.out}")

@@ -1,23 +1,34 @@
 #!/usr/bin/env python3
-"""Where a worker's task spends its CPU: the task function over real partitions, in one process,
-no Dask, split by step.
+"""Where the CPU goes: a worker's task alone, split by step; or a whole command, by process and thread.
 
-    python bench/where_time_goes.py 'DIR/*.parquet' [--partition-mb 8.4] [--mb 200] [--backend gigatoken]
+    python bench/where_time_goes.py 'DIR/*.parquet' [--partition-mb 8.4] [--mb 200] [--backend gigatoken] [--encoding gpt2]
+    python bench/where_time_goes.py 'DIR/*.parquet' --whole [--encoding ENC] [--workers 2] [--rate 100] [--top 12]
 
-The task is ``tokenize.task.tokenize_partition`` itself, run under a CPU-time profiler (the
-partitions are large, so a profiler's per-call overhead is small against them); each step is the
-CPU of the functions that do it, so a change in the task shows up here without editing this
-script. Prints each step's share and the task's rate in tokens per CPU second.
+The first form runs ``tokenize.task.tokenize_partition`` itself over real partitions, in one
+process, no Dask, under a CPU-time profiler (the partitions are large, so a profiler's per-call
+overhead is small against them); each step is the CPU of the functions that do it, so a change in
+the task shows up here without editing this script. Prints each step's share and the task's rate
+in tokens per CPU second. ``--encoding`` takes any tokenizer ``--encoding`` does.
+
+``--whole`` runs the whole ``tokenize`` command (a local cluster) and says where all of its CPU
+goes: per process and thread, exactly, from /proc (``harness.run_metered``: the client and the
+scheduler's event loop in it, the forkserver, the workers' event loops and task threads), and
+within each, py-spy's samples of it (``pip install py-spy``; attached to the command and its
+children, ``--nonblocking``), the top functions by own and by cumulative samples. Threads waiting
+(select, a lock, a queue, a pipe) are left out of the samples.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
 import glob
+import os
+import re
 import pstats
 import shutil
 import tempfile
 import time
+from pathlib import Path
 
 def steps() -> dict[str, list[tuple]]:
     """step: the functions whose cumulative CPU it adds up, each as (function, caller or None).
@@ -68,11 +79,16 @@ def main() -> None:
     ap.add_argument("--partition-mb", type=float, default=8.4)
     ap.add_argument("--mb", type=float, default=200, help="stop after this much text")
     ap.add_argument("--backend", default="gigatoken")
-    ap.add_argument("--encoding", default="gpt2")
+    ap.add_argument("--encoding", default="gpt2", help="any tokenizer --encoding takes (default gpt2)")
+    ap.add_argument("--whole", action="store_true", help="the whole tokenize command, by process and thread")
+    ap.add_argument("--workers", type=int, default=os.cpu_count())
+    ap.add_argument("--rate", type=int, default=100, help="--whole: py-spy's samples per second")
+    ap.add_argument("--top", type=int, default=12, help="--whole: functions shown per process and thread")
     a = ap.parse_args()
+    if a.whole:
+        return whole(a)
 
-    from tokenshards.encoding.backends import build_backend, choose
-    from tokenshards.encoding.encoders import load_encoding, token_dtype
+    from tokenshards.encoding import registry
     from tokenshards.corpus.plan import plan_pieces, read_input_metadata
     from tokenshards.tokenize.task import TaskSettings, tokenize_partition
 
@@ -84,12 +100,12 @@ def main() -> None:
             break
         pieces.append(piece)
         total += piece.text_bytes
-    loaded = load_encoding(a.encoding)
-    choice = choose(a.backend, loaded.encoding, loaded.params)
-    backend = build_backend(choice.name, loaded.encoding, loaded.params, verified=choice.verified)
+    loaded = registry.load(a.encoding)
+    choice = loaded.choose(a.backend)
+    backend = loaded.build(choice.name, verified=choice.verified)
     out = tempfile.mkdtemp(prefix="where-time-goes-")
-    settings = TaskSettings(out=out, storage_options={}, encoder=None, dtype=token_dtype(loaded.spec.n_vocab),
-                            eot_position="prefix", job="bench", backend=choice.name)
+    settings = TaskSettings(out=out, storage_options={}, encoder=None, dtype=loaded.dtype, boundaries=loaded.natural,
+                            job="bench", backend=choice.name)
     tokenize_partition(pieces[0], settings=settings, backend=backend)  # warm: imports, first allocations
     profile = cProfile.Profile(time.process_time)
     started = time.process_time()
@@ -107,6 +123,88 @@ def main() -> None:
     for step, seconds in sorted(shares.items(), key=lambda kv: -kv[1]):
         print(f"  {step:24s} {100 * seconds / cpu:5.1f}%")
     print(f"  {'the rest':24s} {100 * (cpu - sum(shares.values())) / cpu:5.1f}%  (frames, ids, checks of the input)")
+
+
+WAITING = ("select (selectors.py", "_recv (multiprocessing/connection.py", "wait (threading.py", "get (queue.py",
+           "_worker (concurrent/futures/thread.py", "acquire", "poll (selectors.py", "sleep")
+"""A sample whose innermost frame is one of these is a thread waiting: py-spy's own idle test
+(the thread's state in /proc) counts some of them as running."""
+PROCESS = re.compile(r'process (\d+):"(.*?)";(?=process |thread )')
+
+
+def spy_roles(raw: Path) -> dict[str, dict]:
+    """py-spy's raw samples (``--subprocesses --threads``) by process role and thread: {role: {"samples",
+    "self": Counter, "cumulative": Counter}}. Roles: client (the command; its scheduler runs on its
+    "IO loop" thread), forkserver, worker (a process forked from it); threads by name."""
+    import collections
+
+    roles: dict[str, dict] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        pos, chain = 0, []
+        while (m := PROCESS.match(stack, pos)) is not None:
+            chain.append(m[2])
+            pos = m.end()
+        frames = stack[pos:].split(";")
+        thread = re.sub(r"^thread \(\d+\):? ?", "", frames[0]) if frames and frames[0].startswith("thread") else ""
+        frames = frames[1:] if thread or (frames and frames[0].startswith("thread")) else frames
+        if not frames or any(w in frames[-1] for w in WAITING):
+            continue
+        depth = len(chain) or 1
+        role = "client" if depth == 1 else "forkserver" if depth == 2 and "forkserver" in chain[-1] else "worker"
+        thread = re.sub(r"[-_]?\d+", "", thread) or "MainThread"
+        entry = roles.setdefault(f"{role} / {thread}", {"samples": 0, "self": collections.Counter(),
+                                                        "cumulative": collections.Counter()})
+        n = int(count)
+        entry["samples"] += n
+        entry["self"][frames[-1]] += n
+        for frame in set(frames):
+            entry["cumulative"][frame] += n
+    return roles
+
+
+def whole(a) -> None:
+    """The whole command under /proc's CPU accounting and py-spy, by process and thread."""
+    import subprocess
+
+    from harness import BIN, PeakTreeRSS
+
+    spy = shutil.which("py-spy") or str(BIN / "py-spy")
+    if not os.path.exists(spy):
+        raise SystemExit("--whole needs py-spy: pip install py-spy (into this venv)")
+    files = sorted(glob.glob(a.pattern))
+    folder = os.path.dirname(files[0]) if files else a.pattern
+    out = tempfile.mkdtemp(prefix="where-time-goes-")
+    raw = Path(out) / "py-spy.txt"
+    cmd = [str(BIN / "tokenshards"), "tokenize", "--input", folder, "--out", str(Path(out) / "run"), "--workers",
+           str(a.workers), "--encoding", a.encoding, "--partition-mb", f"{a.partition_mb:g}", "--progress", "none",
+           "--dashboard-address", ":0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    meter = PeakTreeRSS(proc.pid)
+    sampler = subprocess.Popen([spy, "record", "--pid", str(proc.pid), "--subprocesses", "--threads", "--nonblocking",
+                                "--format", "raw", "--rate", str(a.rate), "-o", str(raw)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stdout, stderr = proc.communicate()
+    meter.stop()
+    sampler.wait(60)
+    if proc.returncode:
+        raise SystemExit(f"tokenize failed:\n{stderr}")
+    roles = spy_roles(raw) if raw.exists() else {}
+    shutil.rmtree(out, ignore_errors=True)
+    by_role, threads = meter.by_role(), meter.worker_threads()
+    total = sum(meter.cpu.values())
+    print(stdout.strip().splitlines()[1].strip())
+    print(f"CPU seconds (/proc), {total:.2f} in all: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(by_role.items()))
+          + f"; the workers' event loops {threads['event_loop']:.2f}, task threads {threads['task_thread']:.2f}, "
+          f"other threads {threads['other_threads']:.2f}")
+    samples = sum(r["samples"] for r in roles.values()) or 1
+    for name, r in sorted(roles.items(), key=lambda kv: -kv[1]["samples"]):
+        if r["samples"] < 0.01 * samples:
+            continue
+        print(f"\n{name}: {100 * r['samples'] / samples:.1f}% of the samples")
+        print("  own:        " + "\n              ".join(f"{100 * n / r['samples']:5.1f}% {f}" for f, n in r["self"].most_common(a.top)))
+        near = [(f, n) for f, n in r["cumulative"].most_common() if n < 0.95 * r["samples"]][:a.top]
+        print("  cumulative: " + "\n              ".join(f"{100 * n / r['samples']:5.1f}% {f}" for f, n in near))
 
 
 if __name__ == "__main__":

@@ -361,10 +361,12 @@ from tokenshards.tokenize.workers import forkserver_preload
 if __name__ == "__main__":
     assert start_forkserver(forkserver_preload())
     with connect(workers=2, dashboard_address=":0", announce=lambda m: None) as client:
-        def probe():  # before any task: a spawned worker has imported none of these yet
+        def probe(dask_worker):  # before any task: a spawned worker has imported none of these yet
             from distributed.versions import _version_cached
             return (sorted(m for m in ("pandas", "tokenshards.tokenize.task", "splintr", "gigatoken", "awkward")
                            if m in sys.modules),
+                    # Dask's monitors at prestart.COARSER_MONITORS' rates (ms), not every 10 and 20 ms
+                    (dask_worker.periodic_callbacks["profile"].callback_time, dask_worker._tick_interval * 1000),
                     signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
                     # its handshake's versions came from the server's cache (else: all misses)
                     _version_cached.cache_info().hits > 0,
@@ -378,14 +380,15 @@ if __name__ == "__main__":
 def test_local_workers_fork_from_a_preloaded_server_and_ignore_ctrl_c(tmp_path):
     """What the command line does first (prestart.py): workers start with the task modules already
     imported and the versions their handshake sends already known (``forkserver_preload``), with
-    the garbage collector running again over a frozen heap, and ignore SIGINT so that only the
-    client handles a terminal's Ctrl-C."""
+    the garbage collector running again over a frozen heap, Dask's profiler and event-loop tick at
+    a tenth of their default rates (``prestart.COARSER_MONITORS``), and ignore SIGINT so that only
+    the client handles a terminal's Ctrl-C."""
     script = tmp_path / "probe.py"
     script.write_text(PRESTARTED_WORKER_PROBE)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     preloaded = ["awkward", "gigatoken", "pandas", "splintr", "tokenshards.tokenize.task"]
-    assert proc.stdout.strip() == repr([(preloaded, True, True, True)] * 2)
+    assert proc.stdout.strip() == repr([(preloaded, (100.0, 100.0), True, True, True)] * 2)
 
 
 PREBUILT_PROBE = r"""

@@ -16,6 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import write_parquet
@@ -62,7 +63,13 @@ def small_run(corpus, tmp_path_factory, cluster) -> Path:
 # -- the progress line keeps its width ---------------------------------------------------------------
 
 def test_the_progress_bar_keeps_its_width(corpus, tmp_path):
-    code, printed = _cli("tokenize", "--input", str(corpus), "--out", str(tmp_path / "out"), "--workers", "1",
+    # The same documents in five files: small partitions of one input share a task (tokenize.groups),
+    # so the bar moves once per file here, and draws several frames to compare.
+    table = pq.read_table(corpus)
+    for i in range(5):
+        write_parquet(tmp_path / "in" / f"{i}.parquet", {"text": table.column("text").to_pylist()[i * 80:(i + 1) * 80]},
+                      row_group_size=20)
+    code, printed = _cli("tokenize", "--input", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--workers", "1",
                          "--partition-mb", "0.005", "--progress", "bar", "--no-dashboard",
                          env={"COLUMNS": "150"})
     assert code == 0 and "Traceback" not in printed, printed

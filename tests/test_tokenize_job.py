@@ -256,11 +256,16 @@ def test_a_partition_task_names_only_modules_the_workers_start_with(corpus, tmp_
     assert json.loads(proc.stdout) == [[], False], sorted(named)
 
 
-def test_partitions_run_in_the_order_submitted_across_chunks(corpus, tmp_path):
+def test_partitions_run_in_the_order_submitted_across_chunks(corpus, tmp_path, monkeypatch):
     """The job submits its partitions in growing chunks (``runner.growing_chunks``: the first runs
     while the client builds the rest); each chunk runs after those before it, so the planned order
-    (``submission_order``: a file at a time, small pieces last) holds on the cluster."""
+    (``submission_order``: a file at a time, small pieces last) holds on the cluster. (A task per
+    partition here: these are small enough to go several to a task otherwise, ``tokenize.groups``.)"""
     from distributed.diagnostics.plugin import SchedulerPlugin
+
+    from tokenshards.tokenize import groups
+
+    monkeypatch.setattr(groups, "GROUP_BYTES", 0)
 
     class Order(SchedulerPlugin):
         name = "test-order"
@@ -289,6 +294,48 @@ def test_partitions_run_in_the_order_submitted_across_chunks(corpus, tmp_path):
     chunks = [keys for keys in order.submitted if keys]
     assert [len(keys) for keys in chunks[:2]] == [8, 32] and summary.partitions == sum(map(len, chunks))
     assert order.finished == [key for keys in chunks for key in keys]
+
+
+def test_small_partitions_go_several_to_a_task_and_write_the_same_bytes(corpus, tmp_path, cluster, monkeypatch):
+    """Small planned partitions of one input go several to a Dask task (``tokenize.groups``, while
+    their text stays under ``GROUP_BYTES``): each still writes and commits its own files, the same
+    bytes as with a task per partition, and the manifest is the same."""
+    from tokenshards.corpus.plan import plan_pieces, read_input_metadata, submission_order
+    from tokenshards.tokenize import groups
+
+    inputs = (str(corpus / "demo" / "*.parquet"), str(corpus / "awkward"))
+    paths = sorted((corpus / "demo").glob("*.parquet")) + sorted((corpus / "awkward").glob("*.parquet"))
+    pieces = plan_pieces([read_input_metadata(str(p), p.name, text_column="text", id_column=None) for p in paths],
+                         target_bytes=20_000)
+    grouped = groups.group_pieces(submission_order(pieces))
+    assert len(pieces) > 2 * len(grouped) and [p for g in grouped for p in g] == submission_order(pieces)
+    assert all(len({p.input for p in g}) == 1 and (len(g) == 1 or sum(p.text_bytes for p in g) <= groups.GROUP_BYTES)
+               for g in grouped)
+    outs = {}
+    for name, limit in (("grouped", groups.GROUP_BYTES), ("one-each", 0)):
+        monkeypatch.setattr(groups, "GROUP_BYTES", limit)
+        config = TokenizeConfig(inputs=inputs, out=str(tmp_path / name), partition_bytes=20_000, progress="none",
+                                scheduler=cluster.scheduler_address)
+        summary = run_tokenize(config, announce=lambda m: None)
+        assert summary.partitions == len(pieces)
+        outs[name] = tmp_path / name
+    files = sorted(p.relative_to(outs["grouped"]) for p in outs["grouped"].rglob("parts/*") if p.is_file())
+    assert len(files) == 3 * len(pieces)
+    assert files == sorted(p.relative_to(outs["one-each"]) for p in outs["one-each"].rglob("parts/*") if p.is_file())
+    for rel in files:
+        assert (outs["grouped"] / rel).read_bytes() == (outs["one-each"] / rel).read_bytes(), rel
+    manifests = [json.loads((outs[n] / "manifest.json").read_text()) for n in ("grouped", "one-each")]
+    assert manifests[0]["partitions"] == manifests[1]["partitions"] and manifests[0]["totals"] == manifests[1]["totals"]
+
+
+def test_a_failed_group_names_its_partitions():
+    from tokenshards.corpus.plan import Piece
+    from tokenshards.tokenize.groups import describe
+
+    piece = lambda i, rg: Piece(index=i, input="f.parquet", name="f.parquet", row_groups=rg, first_row=0,  # noqa: E731
+                                rows=1, text_bytes=10, id_column=None)
+    assert describe((piece(3, (4, 5)),)) == "partition 3 (f.parquet, row groups 4..4)"
+    assert describe((piece(3, (4, 5)), piece(4, (5, 7)))) == "partitions 3..4 (f.parquet, row groups 4..6)"
 
 
 def test_a_task_reads_the_same_columns_kept_or_looked_up(corpus, tmp_path, gpt2):

@@ -68,11 +68,44 @@ def start_forkserver(preload: ForkserverPreload = ForkserverPreload()) -> bool:
     os.environ.update(worker_environment(dask.config.get("distributed.nanny.pre-spawn-environ"), inherited=os.environ))
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(preload.imports())
+    monitors = coarser_monitors()
     # The caller's environment is the server's alone: set for its start, then taken back.
-    with children_ignore_ctrl_c(), _environment(preload.environment):  # workers inherit the server's disposition
-        forkserver.ensure_running()
-    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    with children_ignore_ctrl_c(), _environment({**preload.environment, **dask_environment(monitors)}):
+        forkserver.ensure_running()  # workers inherit the server's disposition and its Dask config
+    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver", **monitors})  # the scheduler's
     return True
+
+
+COARSER_MONITORS = {
+    # Each worker's statistical profiler (the dashboard's Profile page): a callback on the worker's
+    # event loop that samples the task thread's stack. Every 10 ms, it and the loop's other
+    # periodic work took ~16% of a worker's CPU on 1 GB (the event loop thread: 3.8 of 23 s).
+    "distributed.worker.profile.interval": ("10ms", "100ms"),
+    # The event loop health check (warns when a loop is blocked for more than 3 s) in every
+    # worker and the scheduler.
+    "distributed.admin.tick.interval": ("20ms", "100ms"),
+}
+"""Dask's monitors of a local cluster that wake each process's event loop often, at a tenth of the
+rate: {key: (Dask's default, ours)}. Both cores are busy tokenizing, so every wake-up is taken
+from a task. Measured on 200 MB, 2 workers, four interleaved pairs, medians of CPU seconds: the
+workers' event loops 1.30 -> 0.80, the client (the scheduler's loop) 2.67 -> 2.31, the whole
+tree 10.07 -> 8.98. The Profile page still fills (ten samples a second per worker thread) and a
+loop blocked past ``distributed.admin.tick.limit`` is still reported."""
+
+
+def coarser_monitors(config: Mapping | None = None) -> dict[str, str]:
+    """``COARSER_MONITORS``' rates for the keys still at Dask's default (a value you set in your
+    Dask config is left as it is)."""
+    import dask
+
+    get = (lambda key: config.get(key)) if config is not None else (lambda key: dask.config.get(key, None))
+    return {key: ours for key, (default, ours) in COARSER_MONITORS.items() if get(key) == default}
+
+
+def dask_environment(settings: Mapping[str, str]) -> dict[str, str]:
+    """Dask config keys as the environment variables Dask reads when it is imported (``DASK_`` +
+    the key with ``__`` between levels)."""
+    return {"DASK_" + key.upper().replace(".", "__").replace("-", "_"): str(value) for key, value in settings.items()}
 
 
 @contextlib.contextmanager

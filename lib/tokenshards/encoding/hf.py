@@ -10,6 +10,7 @@ special token in text; it is used only after it reproduces the reference.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from .backends import GigatokenBackend
 from .boundaries import Boundaries
 from .records import SourceFile
 from .library import LibraryTokenizer, flat_ids, read_file, sha256
+from .tojson import kept_text
 
 SUPPORTED_MODELS = ("BPE", "Unigram")
 """Models for causal language models. WordPiece and WordLevel (BERT-style encoders) are refused."""
@@ -49,8 +51,14 @@ class HFTokenizer(LibraryTokenizer):
 
     @functools.cached_property
     def _json_without_specials(self) -> str:
-        """The file with its special added tokens left out, as gigatoken loads it: made once (~0.5 s
-        of JSON for Qwen3's 11 MB), not at every build and rebuild of the backend."""
+        """The file with its special added tokens left out, as gigatoken loads it: made once per
+        machine and kept on disk (``tojson.kept_text``; writing Qwen3's 11 MB as JSON again took
+        ~0.25 s of the forkserver's CPU before the workers could start), read back at every build
+        elsewhere. The backend built from it is verified against the reference as any other."""
+        key = hashlib.sha256(b"hf-without-specials\0" + self.payload).hexdigest()
+        return kept_text(key, self._strip_specials)
+
+    def _strip_specials(self) -> str:
         spec = dict(self._json)
         spec["added_tokens"] = [a for a in spec.get("added_tokens", []) if not a.get("special")]
         return json.dumps(spec)

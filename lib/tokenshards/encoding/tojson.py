@@ -177,14 +177,18 @@ of an older one is never read back."""
 def kept_tokenizer_json(mergeable_ranks: dict[bytes, int], pat_str: str) -> str:
     """``tokenizer_json(ranks, pat_str, {})``, kept on disk after the first time: converting Meta's
     128k Llama 3 ranks takes ~2-4 s per process (client, forkserver, each worker), reading it back
-    well under 0.1 s. The file is named by a sha256 of the ranks, the pattern and ``CONVERSION``,
-    and by its own content's sha256, which is checked on reading (a damaged file is made again).
-    The backend built from it is verified against tiktoken as any other, so a kept file can never
-    change a run's ids unnoticed."""
+    well under 0.1 s. The backend built from it is verified against tiktoken as any other, so a
+    kept file can never change a run's ids unnoticed."""
     digest = hashlib.sha256(b"%d\0%s\0" % (CONVERSION, pat_str.encode()))
     for token, rank in mergeable_ranks.items():  # length-prefixed: no two rank sets hash alike
         digest.update(len(token).to_bytes(2, "little") + token + rank.to_bytes(4, "little"))
-    key = digest.hexdigest()
+    return kept_text(digest.hexdigest(), lambda: tokenizer_json(mergeable_ranks, pat_str, {}))
+
+
+def kept_text(key: str, make) -> str:
+    """``make()``'s text, kept on disk after the first time under ``key`` (a sha256 of everything
+    that decides it). The file is named by the key and by its own content's sha256, which is
+    checked on reading (a damaged file is made again); a read-only home makes it again each time."""
     folder = cache_root() / "tokenizer-json"
     for path in folder.glob(f"{key}-*.json"):
         try:
@@ -193,7 +197,7 @@ def kept_tokenizer_json(mergeable_ranks: dict[bytes, int], pat_str: str) -> str:
             continue
         if path.stem.endswith("-" + hashlib.sha256(data).hexdigest()[:16]):
             return data.decode("utf-8")
-    text = tokenizer_json(mergeable_ranks, pat_str, {})
+    text = make()
     data = text.encode("utf-8")
     path = folder / f"{key}-{hashlib.sha256(data).hexdigest()[:16]}.json"
     try:
@@ -202,5 +206,5 @@ def kept_tokenizer_json(mergeable_ranks: dict[bytes, int], pat_str: str) -> str:
         tmp.write_bytes(data)
         os.replace(tmp, path)
     except OSError:
-        pass  # a read-only home: converted again next time
+        pass  # a read-only home: made again next time
     return text

@@ -35,6 +35,7 @@ from ..corpus.inputs import Inputs
 from ..corpus.plan import BadInput, Piece, submission_order
 from ..corpus.read import FRAME_META, read_piece
 from .task import PIECE_META, RESULT_META, ChatSettings, TaskResult, TaskSettings, piece_frame, write_frame
+from . import groups as groups_
 from . import resume
 from ..cluster.progress import Progress
 from ..wording import counted, human
@@ -602,6 +603,18 @@ def partition_tasks(pending: list[Piece], settings: TaskSettings | tuple[TaskSet
     return frames.map_partitions(write_frame, pieces, settings=settings, meta=RESULT_META, enforce_metadata=False)
 
 
+def group_tasks(groups: list[groups_.Group], settings: TaskSettings | tuple[TaskSettings, ...],
+                wanted: dict[int, tuple[int, ...]] | None = None) -> "dd.DataFrame":
+    """``partition_tasks`` for groups of several pieces (``tokenize.groups``): a task per group,
+    each piece of it read, tokenized, written and committed in turn, a row of ``TaskResult`` per
+    partition and output. Build and compute it under ``DASK_SETTINGS``."""
+    import dask.dataframe as dd  # here: as in partition_tasks
+
+    outputs = [tuple(wanted[p.index] if wanted is not None else None for p in g) for g in groups]
+    return dd.from_map(groups_.tokenize_group, groups, outputs, settings=settings, meta=RESULT_META,
+                       enforce_metadata=False)
+
+
 def _first(settings: TaskSettings | tuple[TaskSettings, ...]) -> TaskSettings:
     """What every output's settings share (how the piece is read) comes from the first."""
     return settings if isinstance(settings, TaskSettings) else settings[0]
@@ -619,19 +632,26 @@ def _tokenize_pending(client: Client, pending: list[Piece], settings: tuple[Task
         return
 
     # By file, small ends last (see ``submission_order``). Batches of arriving inputs keep this
-    # order: they are runs of this list.
-    pending = submission_order(pending)
+    # order: they are runs of this list. Small pieces of one input go several to a task (``groups``).
+    groups = groups_.group_pieces(submission_order(pending))
 
-    rank = {p.index: i for i, p in enumerate(pending)}
+    rank = {g[0].index: i for i, g in enumerate(groups)}
 
-    def submit(batch: list[Piece], lane: runner.Lane | None) -> list:
+    def submit(batch: list[groups_.Group], lane: runner.Lane | None) -> list:
         with dask.config.set(DASK_SETTINGS):
-            tasks = partition_tasks(batch, settings, wanted).to_delayed()
+            singles, several = [g for g in batch if len(g) == 1], [g for g in batch if len(g) > 1]
+            task_of = {}
+            if singles:  # a task per planned partition, as a default run's
+                task_of.update(zip((g[0].index for g in singles),
+                                   partition_tasks([g[0] for g in singles], settings, wanted).to_delayed()))
+            if several:
+                task_of.update(zip((g[0].index for g in several), group_tasks(several, settings, wanted).to_delayed()))
+            tasks = [task_of[g[0].index] for g in batch]
             # Each task's priority is its planned place, the first highest. Left to itself, Dask
             # orders a graph's independent tasks by their keys' text, backwards (partition 99, 98,
             # ..., 90, 9, 89, ...: measured, distributed 2026.8), and ranks batches sent within a
             # minute of each other as one.
-            priority = {task.key: -rank[piece.index] for task, piece in zip(tasks, batch)}
+            priority = {task.key: -rank[g[0].index] for task, g in zip(tasks, batch)}
             # to_delayed optimizes (fuses) the graph already; optimizing it again in compute only
             # culls it, a Python pass over every key: ~0.6 ms of client CPU per partition.
             with dask.annotate(priority=priority.__getitem__):
@@ -639,27 +659,28 @@ def _tokenize_pending(client: Client, pending: list[Piece], settings: tuple[Task
                                       **(lane.restrictions() if lane is not None else {}))
 
     progress = Progress(already_done + len(pending), mode=config.progress, already_done=already_done)
-    explain = runner.failure(_describe_piece)
-    # Several encodings: the tokens of all of them (each output's own are in its summary).
-    tokens = lambda piece, frame: sum(r.tokens for r in TaskResult.all_from_frame(frame))  # noqa: E731
+    explain = runner.failure(groups_.describe)
     # Also waits for downloads no partition waits for (inputs skipped as unreadable).
     results = runner.each_result_as_ready(
-        client, pending, submit, waiting_for=lambda p: p.input if p.input in arriving else None,
+        client, groups, submit, waiting_for=lambda g: g[0].input if g[0].input in arriving else None,
         arrivals=inputs.arrivals(announce=lambda msg: progress.say(announce, msg)),
-        lane_of=lambda p: inputs.lane_of(p.input), explain=explain, progress=progress, amount=tokens)
-    for piece, frame in results:
-        each = TaskResult.all_from_frame(frame)
-        if each[0].unreadable is not None:  # the read failed: the same for every output
-            progress.say(announce, f"skipping unreadable partition {piece.index}: {each[0].unreadable}")
-        for result in each:
-            o = outs[result.output]
-            if result.unreadable is not None:
-                o.unreadable.append(BadInput(url=piece.input, reason=result.unreadable, partition=piece.index,
-                                             row_groups=piece.row_groups))
-                continue
-            o.entries[piece.index] = result.entry
-            o.first, o.last = min(o.first, result.started), max(o.last, result.finished)
-
-
-def _describe_piece(piece: Piece) -> str:
-    return f"partition {piece.index} ({piece.input}, row groups {piece.row_groups[0]}..{piece.row_groups[1] - 1})"
+        lane_of=lambda g: inputs.lane_of(g[0].input), explain=explain)
+    try:
+        for group, frame in results:
+            each = TaskResult.all_from_frame(frame)
+            said: set[int] = set()
+            for result in each:
+                piece, o = result.piece, outs[result.output]
+                if result.unreadable is not None:
+                    if piece.index not in said:  # the read failed: the same for every output
+                        said.add(piece.index)
+                        progress.say(announce, f"skipping unreadable partition {piece.index}: {result.unreadable}")
+                    o.unreadable.append(BadInput(url=piece.input, reason=result.unreadable, partition=piece.index,
+                                                 row_groups=piece.row_groups))
+                    continue
+                o.entries[piece.index] = result.entry
+                o.first, o.last = min(o.first, result.started), max(o.last, result.finished)
+            # Several encodings: the tokens of all of them (each output's own are in its summary).
+            progress.update(sum(r.tokens for r in each), items=len(group))
+    finally:
+        progress.close()

@@ -8,8 +8,9 @@ from typing import Sequence
 from ..cluster.prestart import ForkserverPreload
 from ..encoding import prebuilt
 
-TASK_MODULES = ("tokenshards.tokenize.task", "tokenshards.corpus.read")
-"""What a partition's task names (``test_a_partition_task_names_only_modules_the_workers_start_with``)."""
+TASK_MODULES = ("tokenshards.tokenize.task", "tokenshards.corpus.read", "tokenshards.tokenize.groups")
+"""What a partition's task names (``test_a_partition_task_names_only_modules_the_workers_start_with``),
+and a group's (``tokenize.groups``: several small partitions to a task)."""
 
 
 def forkserver_preload(encodings: str | Sequence[str] = (), backend: str | None = None) -> ForkserverPreload:
