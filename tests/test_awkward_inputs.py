@@ -19,6 +19,7 @@ from tokenshards.errors import UserError
 from tokenshards.format import v1
 from tokenshards.storage.location import Location
 from tokenshards.tokenize.config import TokenizeConfig
+from tokenshards.tokenize.resume import JOB_FILE
 from tokenshards.tokenize.command import run_tokenize
 from tokenshards.verify.checks import Expected
 from tokenshards.verify.command import VerifyConfig, run_verify
@@ -106,7 +107,7 @@ def _same_layout_new_text(path: Path) -> None:
     os.replace(tmp, path)
 
 
-def test_input_replaced_mid_run_stops_naming_it(cluster, tmp_path):
+def test_input_replaced_mid_run_stops_naming_it(cluster, tmp_path, gpt2):
     write_parquet(tmp_path / "in" / "a.parquet", {"text": TEXTS}, row_group_size=5)
     write_parquet(tmp_path / "in" / "b.parquet", {"text": TEXTS}, row_group_size=5)
 
@@ -120,10 +121,35 @@ def test_input_replaced_mid_run_stops_naming_it(cluster, tmp_path):
                                         r"before partition \d+ mixed old and new content; rerun once the input is final$"):
         run_tokenize(config, announce=announce)
     assert not (tmp_path / "out" / "manifest.json").exists()
-    # The same command again: the committed partitions were made from the old content.
+    if list((tmp_path / "out" / "parts").glob("part-*.done.json")):
+        # The same command again: the committed partitions were made from the old content.
+        with pytest.raises(UserError, match=r"already holds a different run \(inputs \(0 added, 0 removed, 1 changed"):
+            run_tokenize(config, announce=lambda m: None)
+        summary = run_tokenize(config.replace(overwrite=True), announce=lambda m: None)
+    else:
+        # Stopped before its first commit (the tasks that met the change ran first, as under load or
+        # when small partitions share a task): nothing of the old content is kept, the job file is
+        # gone, and the same command is a new run of the final input.
+        assert not (tmp_path / "out" / JOB_FILE).exists()
+        summary = run_tokenize(config, announce=lambda m: None)
+    assert summary.docs == 2 * len(TEXTS)
+    final = pq.read_table(tmp_path / "in" / "b.parquet").column("text").to_pylist()
+    for (path, row), (_, tokens) in read_documents(tmp_path / "out").items():
+        if path.endswith("b.parquet"):
+            assert tokens == expected_tokens(gpt2, final[row]), (path, row)
+
+
+def test_an_input_changed_after_its_run_is_named_by_the_same_command(cluster, tmp_path):
+    """The branch of the test above that needs a commit before the change, made certain: a run's
+    partitions were made from the content it recorded, so the same command refuses to mix."""
+    write_parquet(tmp_path / "in" / "a.parquet", {"text": TEXTS}, row_group_size=5)
+    write_parquet(tmp_path / "in" / "b.parquet", {"text": TEXTS}, row_group_size=5)
+    config = TokenizeConfig(inputs=(str(tmp_path / "in"),), out=str(tmp_path / "out"), partition_bytes=3_000,
+                            scheduler=cluster.scheduler_address, progress="none")
+    run_tokenize(config, announce=lambda m: None)
+    _same_layout_new_text(tmp_path / "in" / "b.parquet")
     with pytest.raises(UserError, match=r"already holds a different run \(inputs \(0 added, 0 removed, 1 changed"):
         run_tokenize(config, announce=lambda m: None)
-    run_tokenize(config.replace(overwrite=True), announce=lambda m: None)
 
 
 def test_verify_deep_reports_a_changed_input_as_such(tokenize, tmp_path, cluster):
