@@ -71,8 +71,12 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 LFS_SUFFIXES = (".parquet", ".bin", ".npy", ".idx", ".model", ".safetensors")
 """Stored as LFS, as the Hub's default ``.gitattributes`` says (``*.parquet``, ``*.bin``, ``*.npy``...)."""
-LINK_BURST = 0.05
-"""Seconds of ``link_rate`` a sender may catch up after waking late: one chunk of ``_trickle``."""
+LINK_BURST = 1.0
+"""Seconds of ``link_rate`` a sender may catch up after waking late. A network keeps delivering
+into the kernel's socket buffers (Linux autotunes them to ~4-6 MB) while the processes at either
+end wait for a core; this link's sender is a thread in the test's own process, and on a 2-core
+machine busy tokenizing it woke late often enough that a burst of one chunk (0.05 s) lost a
+quarter of the link's time (a 16.5 s download took 20.8 s beside the tokenizing workers)."""
 
 
 @dataclass
