@@ -10,6 +10,7 @@ The emulators sit behind fault proxies (``storecases``); the policy's waits are 
 from __future__ import annotations
 
 import asyncio
+import json
 import email.utils
 import random
 import re
@@ -20,6 +21,7 @@ from faultproxy import AZURE_500, AZURE_503, GCS_429, GCS_503, S3_503, retry_aft
 from hypothesis import example, given
 from hypothesis import strategies as st
 from s3server import s3_proxied  # noqa: F401  (a fixture)
+from conftest import write_parquet
 from storecases import FAST_RETRY, store_case
 
 from tokenshards.errors import UserError
@@ -27,6 +29,8 @@ from tokenshards.storage import store
 from tokenshards.storage.location import Location
 from tokenshards.storage.retry import RetryPolicy, Transient, retried, transient
 from tokenshards.storage.retry import retry_after as parse_retry_after
+from tokenshards.tokenize.command import run_tokenize
+from tokenshards.tokenize.config import TokenizeConfig
 
 STORES = ("s3", "gcs", "azure")
 
@@ -207,3 +211,45 @@ def test_a_refusal_is_said_at_once_naming_the_store_the_bucket_and_the_credentia
         location.ensure_writable()
     writes = [r for r in case.proxy.log[before:] if r.method in ("PUT", "POST")]
     assert len(writes) == 1 and time.monotonic() - started < 3 and "\n" not in str(info.value)
+
+
+# -- inputs on a store: --on-bad-file skip leaves out bad files, never a store's outage -------------------
+
+@pytest.mark.parametrize("when", ["footer", "rows"])
+def test_an_input_the_store_will_not_serve_stops_the_run_even_under_skip(request, cluster, tmp_path, when):
+    """A file is "unreadable" when its bytes are not parquet; a store that keeps answering 503 to the
+    GETs of one input is an outage: skipping that input would make a smaller corpus and exit 0. The
+    run stops in one line naming the store's answer, and the same command finishes once it is served.
+    ``footer``: the GETs fail from the start (the plan's footer read); ``rows``: once the run is
+    planned (the partitions' reads)."""
+    case = store_case(request, "s3")
+    texts = [f"document {i} " + "words " * (i % 30) for i in range(200)]
+    for name in ("a.parquet", "b.parquet"):
+        write_parquet(tmp_path / name, {"text": texts}, row_group_size=50)
+        case.direct.put_file(str(tmp_path / name), case.key("in", name))
+    rules = []
+
+    def fail_b() -> None:
+        rules.append(case.proxy.fail(lambda r: r.method == "GET" and r.path.endswith("/in/b.parquet"), times=10**6,
+                                     **S3_503))
+
+    def announce(msg: str) -> None:
+        if when == "rows" and "partitions" in msg and "input files" in msg:  # planned: the tasks start next
+            fail_b()
+
+    config = TokenizeConfig(inputs=(case.url("in"),), out=str(tmp_path / "out"), scheduler=cluster.scheduler_address,
+                            progress="none", storage_options=case.options(), on_bad_file="skip",
+                            partition_bytes=2_000, retries=0)
+    if when == "footer":
+        fail_b()
+    with pytest.raises(UserError, match=rf"cannot read {re.escape(case.url('in', 'b.parquet'))}: S3 kept answering 503"
+                                        rf".*\(tried {FAST_RETRY['attempts']} times\)") as info:
+        run_tokenize(config, announce=announce)
+    assert rules and case.proxy.faults(503) > 0
+    assert "\n" not in str(info.value) and "skip" not in str(info.value)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    case.proxy.clear()
+    summary = run_tokenize(config, announce=lambda m: None)
+    assert summary.docs == 2 * len(texts)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert not manifest.get("skipped_inputs")

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import InputError, UnreadableInput, UserError
+from ..storage.failures import read_failure
 from ..storage.store import file_identity, filesystem
 
 STRING_TYPES = (pa.string(), pa.large_string(), pa.string_view())
@@ -96,8 +97,11 @@ def read_input_metadata(url: str, name: str, *, text_column: str, id_column: str
 
     def footer() -> tuple[tuple, pq.FileMetaData]:
         identity = file_identity(fs, path)
-        with fs.open(path, "rb") as f:
-            return identity, pq.ParquetFile(f).metadata
+        try:
+            with fs.open(path, "rb") as f:
+                return identity, pq.ParquetFile(f).metadata
+        except OSError as e:  # the store's failure stops the run; only a bad file may be skipped
+            raise read_failure(e, url, fs) or e
 
     return input_from_footer(url, name, footer, text_column=text_column, id_column=id_column, chat=chat)
 

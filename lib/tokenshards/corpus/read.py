@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InputChanged, InputError, UnreadableInput
+from ..storage.failures import read_failure
 from ..storage.store import describe_identity_change, file_identity_like, filesystem
 from .footers import WORKER_FOOTERS
 from .plan import STRING_TYPES, Piece, is_chat_type
@@ -99,6 +100,9 @@ def _read_piece(piece: Piece, *, text_column: str, storage_options: dict,
             table = parquet.read_row_groups(list(range(*piece.row_groups)), columns=columns, use_threads=False)
     except (pa.ArrowException, OSError) as e:
         _check_unchanged(fs, path, piece)  # a replaced file is not an unreadable one
+        store_failed = read_failure(e, piece.input, fs)  # nor is a store that failed to serve it
+        if store_failed is not None:
+            raise store_failed from e
         raise UnreadableInput(f"{piece.input}: row groups {piece.row_groups[0]}..{piece.row_groups[1] - 1} unreadable "
                               f"({str(e).splitlines()[0]})", "re-download the file") from e
     _check_unchanged(fs, path, piece)  # after too: a replacement during the read

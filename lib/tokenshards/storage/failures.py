@@ -50,6 +50,22 @@ def _error_code(e: BaseException) -> str | None:
     return None
 
 
+def read_failure(e: BaseException, url: str, fs: fsspec.AbstractFileSystem) -> UserError | None:
+    """The one-line error for a failed read of an input on an object store when the store failed
+    (an outage the retry policy gave up on, a refusal, a reset), not the file's bytes; else None.
+
+    The file's bytes failing is Arrow's own error (ArrowInvalid: not parquet, a bad page); the
+    store's failure reaches Arrow through the file object and comes out as the OSError s3fs, gcsfs
+    or adlfs raised. ``--on-bad-file skip`` leaves out bad files, never a store's bad minute: the
+    run stops, and the same command resumes once the store answers."""
+    import pyarrow as pa  # only the readers of inputs need it
+
+    if (not isinstance(e, OSError) or isinstance(e, (pa.ArrowException, FileNotFoundError))
+            or not (is_s3(fs) or is_gcs(fs) or is_azure(fs))):
+        return None
+    return storage_error(e, url, what="cannot read", fs=fs)
+
+
 def storage_error(e: BaseException, url: str, *, what: str, fs: fsspec.AbstractFileSystem | None = None) -> UserError:
     """A one-line ``UserError`` for a storage failure on ``url``, saying what to check."""
     name = type(e).__name__
