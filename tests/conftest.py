@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import dask
+import hypothesis
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -26,6 +27,13 @@ from tokenshards.cluster.connect import dashboard_arguments
 from tokenshards.tokenize.config import TokenizeConfig
 from tokenshards.encoding.encoders import load_encoding
 from tokenshards.tokenize.command import run_tokenize
+
+# Generated tests (hypothesis) draw the same examples every `make test`: a CI run fails only on a
+# change, never on a draw; every failing example found stays in its test as an @example. To explore
+# (new draws, examples kept in .hypothesis/): HYPOTHESIS_PROFILE=explore, or `make fuzz` for runs.
+hypothesis.settings.register_profile("suite", derandomize=True, database=None)
+hypothesis.settings.register_profile("explore", derandomize=False)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 pytest_plugins = ("tokenizerfiles", "gcsserver", "azurite")
 """Fixtures that live beside their helpers: the real tokenizer files, the GCS emulator, Azurite."""
