@@ -3,6 +3,7 @@ on S3, GCS and Azure behind fault proxies, a renewal or creation whose answer wa
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from s3server import s3_proxied  # noqa: F401  (a fixture)
 from storecases import store_case
 
 from tokenshards.namespaces import process_space
-from tokenshards.storage.lease import LEASE_FILE, Lease, LeaseHeld, LeaseLost, LeaseRecord
+from tokenshards.storage.lease import LEASE_FILE, LEASE_LIMIT, Lease, LeaseHeld, LeaseLost, LeaseRecord, held_at
 from tokenshards.storage.location import Location
 from tokenshards.storage.store import filesystem
 
@@ -224,3 +225,21 @@ def test_a_renewal_lost_to_another_run_is_still_lost(behind_proxy):
         lease.check()
     lease.release()
     assert LeaseRecord.from_bytes(case.direct.cat_file(case.key("out", LEASE_FILE))) == other
+
+
+def test_a_reader_sees_the_lease_bounded_and_never_waits_on_it(out):
+    """``held_at``, what a task reads before each commit and a command before it writes beside a
+    run: the record, or None for nothing there, a file that is no record (a huge one is read only
+    to the limit) and, locally, a FIFO (never opened: it would hang)."""
+    fs, root, url = out
+    path = f"{root}/{LEASE_FILE}"
+    assert held_at(fs, path) is None
+    with _lease(out) as mine:
+        held = held_at(fs, path)
+        assert held is not None and held.run == mine.record.run
+    fs.pipe_file(path, b'{"run": "' + b"x" * (3 * LEASE_LIMIT) + b'"}')
+    assert held_at(fs, path) is None
+    if fs.protocol in ("file", ("file", "local")) or root.startswith("/"):
+        fs.rm(path)
+        os.mkfifo(path)
+        assert held_at(fs, path) is None

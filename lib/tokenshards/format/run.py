@@ -30,8 +30,7 @@ import pyarrow as pa
 
 from ..errors import UserError
 from ..namespaces import process_space
-from ..untrusted import open_regular, read_fd
-from ..storage.lease import LEASE_FILE, LEASE_LIMIT, LeaseRecord
+from ..storage.lease import LEASE_FILE, held_at
 from ..storage.location import Location
 from ..storage.store import display_url
 from .arrays import NPY_HEAD_PROBE, NpyHeaderError, header_problem, read_npy_header
@@ -315,17 +314,10 @@ def _live_writer(location: Location, folder: str) -> str:
     """", being written by ..." when a live run holds the lease of ``folder`` (``storage.lease``), else ""."""
     path = os.path.join(folder, LEASE_FILE) if location.is_local else f"{folder}/{LEASE_FILE}"
     try:
-        if location.is_local:
-            fd = open_regular(path)
-            try:
-                raw = read_fd(fd, limit=LEASE_LIMIT)
-            finally:
-                os.close(fd)
-        else:
-            raw = location.fs.cat_file(path, start=0, end=LEASE_LIMIT)
+        held = held_at(location.fs, path)
     except (OSError, ValueError):
         return ""
-    held, now = LeaseRecord.from_bytes(raw), time.time()
+    now = time.time()
     return f", being written by {held.describe(now)}" if held and not held.is_stale(now, space=process_space()) else ""
 
 

@@ -67,6 +67,30 @@ LEASE_LIMIT = 1 << 20
 """The most of a lease file that is read: a record is ~300 bytes."""
 
 
+def held_at(fs: fsspec.AbstractFileSystem, path: str) -> "LeaseRecord | None":
+    """The lease record at ``path`` as a reader that is not its holder sees it (a task before it
+    commits, a command asking whether a live run writes a folder): None when there is none, or what
+    is there is not a record or not a regular file (a FIFO is never opened: it would hang). Read
+    bounded, as every record; a store's failure is raised."""
+    if is_local(fs):
+        try:
+            fd = open_regular(path)
+        except (UnsafeFile, OSError):
+            return None
+        try:
+            raw = read_fd(fd, limit=LEASE_LIMIT)
+        except (UnsafeFile, OSError):
+            return None
+        finally:
+            os.close(fd)
+    else:
+        try:
+            raw = fs.cat_file(path, start=0, end=LEASE_LIMIT + 1)
+        except FileNotFoundError:
+            return None
+    return LeaseRecord.from_bytes(raw)
+
+
 class _Conflict(Exception):
     """A conditional write lost: somebody else's lease is in place."""
 

@@ -9,7 +9,6 @@ encodings reads a piece once and writes it for each output that lacks it (``writ
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import time
 from dataclasses import dataclass
@@ -31,8 +30,8 @@ from ..encoding.plugin import WorkerEncoder
 from ..errors import InputError
 from ..format import v1
 from ..format.v1 import PartitionEntry
-from ..storage.lease import LEASE_FILE, LeaseLost, LeaseRecord
-from ..storage.store import begin_write, filesystem, is_local, join, write_atomic
+from ..storage.lease import LEASE_FILE, LeaseLost, held_at
+from ..storage.store import begin_write, filesystem, join, write_atomic
 from .chat import ChatBatch, bad_row_line, tokenize_chats
 from .core import tokenize_column
 
@@ -255,12 +254,7 @@ def check_lease(fs, root: str, settings: TaskSettings, piece: Piece) -> None:
     between this read and the done record's write."""
     if not settings.lease:
         return
-    path = join(root, LEASE_FILE)
-    try:
-        # A local one that is not a regular file (a FIFO put there) is never opened: it would hang.
-        held = LeaseRecord.from_bytes(fs.cat_file(path)) if not is_local(fs) or os.path.isfile(path) else None
-    except FileNotFoundError:
-        held = None
+    held = held_at(fs, join(root, LEASE_FILE))
     if held is None or held.run != settings.lease:
         by = held.describe(time.time()) if held is not None else "nobody (its lease file is gone or unreadable)"
         raise LeaseLost(f"{settings.out}: this run lost its lease to {by}; partition {piece.index} was not committed "
