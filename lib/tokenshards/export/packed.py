@@ -298,7 +298,7 @@ def _write_parquet(dest: Location, task: ShardTask, batches, length, bounds, fil
     def lists(values: np.ndarray, offsets: np.ndarray, kind) -> pa.Array:
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, kind))
 
-    with _output(dest, task.name, written) as f:
+    with _output(dest, shard_names(task)["rows"], written) as f:
         with pq.ParquetWriter(f, schema, compression="zstd") as writer:
             for r0, r1, p0, p1, tokens in batches:
                 if packed:
@@ -332,9 +332,21 @@ def npy_names(prefix: str, split: str, index: int, columns: tuple[str, ...]) -> 
     return names
 
 
+def shard_names(task: ShardTask) -> dict[str, str]:
+    """The files (names inside DEST, by what each holds) a shard's writer makes: the one list the
+    writers and the client's unfinished-export note (``begin_commits``) both read."""
+    if task.fmt == "hf":
+        return {"rows": task.name}
+    if task.fmt == "megatron":
+        return {"bin": f"{task.name}.bin", "idx": f"{task.name}.idx"}
+    if task.fmt == "olmo":
+        return packed_names(task.prefix, task.split, label_mask=task.label_mask)
+    return npy_names(task.prefix, task.split, task.index,
+                     task.columns + (("mask",) if task.mask or task.label_mask else ()))
+
+
 def _write_npy(dest: Location, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
-    names = npy_names(task.prefix, task.split, task.index,
-                      task.columns + (("mask",) if task.mask or task.label_mask else ()))
+    names = shard_names(task)
     n, seq_len = task.rows, task.seq_len
     with contextlib.ExitStack() as stack:
         out = {key: stack.enter_context(_output(dest, name, written)) for key, name in names.items()}
@@ -358,10 +370,11 @@ def _write_npy(dest: Location, task: ShardTask, batches, length, bounds, filled,
 
 def _write_megatron(dest: Location, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
     """``NAME.bin``: the rows back to back; ``NAME.idx``: one document of N tokens per row."""
-    with _output(dest, f"{task.name}.bin", written) as out:
+    names = shard_names(task)
+    with _output(dest, names["bin"], written) as out:
         for r0, r1, p0, p1, tokens in batches:
             out.write(_rows_of(task, r0, r1, p0, length, bounds, filled, tokens)["input_ids"].astype(task.dtype).tobytes())
-    with _output(dest, f"{task.name}.idx", written) as out:
+    with _output(dest, names["idx"], written) as out:
         for chunk in packed_index(dtype=task.dtype, rows=task.rows, seq_len=task.seq_len):
             out.write(chunk)
 
@@ -369,7 +382,7 @@ def _write_megatron(dest: Location, task: ShardTask, batches, length, bounds, fi
 def _write_olmo(dest: Location, task: ShardTask, batches, length, bounds, filled, written: list) -> None:
     """``SPLIT/PREFIX.npy``: the rows back to back, headerless; ``.csv.gz``: every piece's start,end in
     it; ``SPLIT/label_mask/PREFIX.npy`` when asked: True where the loss is taken."""
-    names = packed_names(task.prefix, task.split, label_mask=task.label_mask)
+    names = shard_names(task)
     n_tokens = task.rows * task.seq_len
     with contextlib.ExitStack() as stack:
         out = {key: stack.enter_context(_output(dest, name, written)) for key, name in names.items()}
@@ -542,6 +555,10 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
                                      label_mask=_label_mask(config, spec, runs[0].manifest)), lo, lo + size))
             lo += size
 
+    # Before the first shard can appear: on an object store each is committed by its worker as it
+    # ends, so the note listing them all (``begin_commits``) must be there first, for a rerun after a
+    # kill to know them as this export's own (locally the client renames them after, in order).
+    begin_commits(dest, config, [dest.join(name) for task, _, _ in shards for name in shard_names(task).values()])
     catalog = client.scatter(Catalog(sources=tuple(r.source for r in runs),
                                      entries=tuple(tuple(p.entry for p in r.parts) for r in runs)), hash=False)
     futures, tasks = [], []
@@ -570,7 +587,9 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
         carried[dest.join(main)] = tokens  # side files: none
         got[task.split][0] += rows
         got[task.split][1] += tokens
-    begin_commits(dest, config, [path for path, _ in written])
+    unlisted = {path for path, _ in written} - {dest.join(n) for t in tasks for n in shard_names(t).values()}
+    if unlisted:  # a writer and shard_names disagree: the note would not vouch for these
+        raise RuntimeError(f"shards wrote files the unfinished-export note does not list: {sorted(unlisted)[:3]}")
     for path, tmp in sorted(written):
         if tmp:
             os.replace(tmp, path)
