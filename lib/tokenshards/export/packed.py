@@ -558,7 +558,8 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
     # Before the first shard can appear: on an object store each is committed by its worker as it
     # ends, so the note listing them all (``begin_commits``) must be there first, for a rerun after a
     # kill to know them as this export's own (locally the client renames them after, in order).
-    begin_commits(dest, config, [dest.join(name) for task, _, _ in shards for name in shard_names(task).values()])
+    listed = {dest.join(name) for task, _, _ in shards for name in shard_names(task).values()}
+    begin_commits(dest, config, sorted(listed))
     catalog = client.scatter(Catalog(sources=tuple(r.source for r in runs),
                                      entries=tuple(tuple(p.entry for p in r.parts) for r in runs)), hash=False)
     futures, tasks = [], []
@@ -587,7 +588,7 @@ def _write(client, config, runs, packed, *, spec: PackSpec, columns, pad_id: int
         carried[dest.join(main)] = tokens  # side files: none
         got[task.split][0] += rows
         got[task.split][1] += tokens
-    unlisted = {path for path, _ in written} - {dest.join(n) for t in tasks for n in shard_names(t).values()}
+    unlisted = {path for path, _ in written} - listed
     if unlisted:  # a writer and shard_names disagree: the note would not vouch for these
         raise RuntimeError(f"shards wrote files the unfinished-export note does not list: {sorted(unlisted)[:3]}")
     for path, tmp in sorted(written):

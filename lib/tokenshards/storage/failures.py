@@ -14,7 +14,7 @@ import errno
 import fsspec
 
 from ..errors import UserError
-from .clients import bucket_of, credential_sent, is_azure, is_gcs, is_s3, store_name
+from .clients import bucket_of, credential_sent, is_azure, is_gcs, is_object_store, is_s3, store_name
 from .retry import TRANSIENT_STATUSES, status_of, transient
 
 REFUSED_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
@@ -60,8 +60,7 @@ def read_failure(e: BaseException, url: str, fs: fsspec.AbstractFileSystem) -> U
     run stops, and the same command resumes once the store answers."""
     import pyarrow as pa  # only the readers of inputs need it
 
-    if (not isinstance(e, OSError) or isinstance(e, (pa.ArrowException, FileNotFoundError))
-            or not (is_s3(fs) or is_gcs(fs) or is_azure(fs))):
+    if not isinstance(e, OSError) or isinstance(e, (pa.ArrowException, FileNotFoundError)) or not is_object_store(fs):
         return None
     return storage_error(e, url, what="cannot read", fs=fs)
 
