@@ -158,7 +158,8 @@ bench-pipeline: $(STAMP)
 # A real 10-billion-token run on this machine (issue 57): the corpus (~26 GB of text, make_corpus's ~1 GB pool
 # repeated), tokenize (gpt2), verify --deep, inspect and a shuffled llmc export where the disk allows (~53 GB in all;
 # checked first), on a `dask scheduler` + `dask worker` cluster. Runs unattended; its report is
-# bench/results-scale-10b.json and a printed table. Several hours on 2 cores.
+# bench/results-scale-10b.json and a printed table. 23 minutes on 2 cores, quiet (28 Nov: corpus 7.5 min, tokenize
+# 3.4 min, verify 1 min, export 6.8 min).
 bench-10b: $(STAMP)
 	$(BIN)/python bench/scale.py --tokens 10B --out bench/results-scale-10b.json
 
