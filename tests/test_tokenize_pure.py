@@ -175,9 +175,9 @@ def test_a_small_batch_checks_a_share_of_its_text_and_never_nothing():
 
 
 @pytest.mark.parametrize("padded_max_cells", [0, 10**9], ids=["awkward output", "padded output"])
-def test_gigatoken_gives_the_same_ids_from_strs_and_from_arrow_buffers(gpt2, monkeypatch, padded_max_cells):
-    """Small columns go to gigatoken as Python strs, larger ones as awkward arrays over Arrow's
-    buffers; small batches come back as a padded matrix, the others as an awkward array: every
+def test_gigatoken_gives_the_same_ids_from_bytes_strs_and_arrow_buffers(gpt2, monkeypatch, padded_max_cells):
+    """Small columns go to gigatoken as Python bytes, larger ones as awkward arrays over Arrow's
+    buffers, Python inputs as strs; small batches come back as a padded matrix, the others as an awkward array: every
     way, the ids are tiktoken's, awkward text and a long document included."""
     from tokenshards.encoding import backends
 
@@ -187,7 +187,7 @@ def test_gigatoken_gives_the_same_ids_from_strs_and_from_arrow_buffers(gpt2, mon
     texts = [t for t in AWKWARD if t]
     want = [gpt2.encode_ordinary(t) for t in texts]
     for below in (0, 10**9):
-        monkeypatch.setattr(backends, "STRS_BELOW_BYTES", below)
+        monkeypatch.setattr(backends, "BYTES_BELOW_BYTES", below)
         for column in (pa.array(texts), pa.array(texts[:-2] + texts[-1:], pa.large_string())):
             expected = want if len(column) == len(texts) else want[:-2] + want[-1:]
             flat, lengths = fast.encode_arrow(column)

@@ -200,18 +200,20 @@ class GigatokenBackend:
     def encode_many(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         texts = list(texts)
         # A character is at most four UTF-8 bytes.
-        return self._encode_strs(texts, longest_bytes=4 * max(map(len, texts), default=0))
+        return self._encode_list(texts, longest_bytes=4 * max(map(len, texts), default=0))
 
     def encode_arrow(self, column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-        """``encode_many`` of an Arrow string array without nulls, read in place: gigatoken takes an
-        awkward array over the same UTF-8 bytes, so no Python str is made per document. A column
-        of at most ``STRS_BELOW_BYTES`` goes as Python strs instead (see there)."""
-        if column.nbytes > STRS_BELOW_BYTES:
+        """``encode_many`` of an Arrow string array without nulls. A column of more than
+        ``BYTES_BELOW_BYTES`` is read in place: gigatoken takes an awkward array over the same UTF-8
+        bytes. A smaller one goes as a list of Python bytes, one per document, copied by Arrow, never
+        decoded to str (see there)."""
+        if column.nbytes > BYTES_BELOW_BYTES:
             return self._encode(_awkward_strings(column))
         longest = pc.max(pc.binary_length(column)).as_py() or 0
-        return self._encode_strs(column.to_pylist(), longest_bytes=longest)
+        binary = pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary()
+        return self._encode_list(column.view(binary).to_pylist(), longest_bytes=longest)
 
-    def _encode_strs(self, texts: list[str], *, longest_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    def _encode_list(self, texts: list[str] | list[bytes], *, longest_bytes: int) -> tuple[np.ndarray, np.ndarray]:
         """A token holds at least one byte, so rows x the longest document's bytes bounds the
         padded matrix (``PADDED_MAX_CELLS``)."""
         if texts and len(texts) * longest_bytes <= PADDED_MAX_CELLS:
@@ -226,7 +228,7 @@ class GigatokenBackend:
         self._account(before, flat.nbytes + offsets.nbytes)
         return flat.view(np.uint32), np.diff(offsets).astype(np.int64, copy=False)
 
-    def _encode_padded(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    def _encode_padded(self, texts: list[str] | list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         """``_encode`` through gigatoken's padded matrix (rows x longest), which skips the awkward
         output (see ``PADDED_MAX_CELLS``); its rows, cut to their lengths, in order."""
         before = _rss()
@@ -261,11 +263,14 @@ def _gigatoken_from_ranks(vocab: bytes, pretokenizer: str):
         return gigatoken.Tokenizer.from_tiktoken(f.name, pretokenizer=pretokenizer, special_tokens={})
 
 
-STRS_BELOW_BYTES = 64 * 2**10
+BYTES_BELOW_BYTES = 3 * 2**20
 """gigatoken unpacks an awkward input with a few awkward operations in Python: ~0.4 ms a call
-whatever its size, where making Python strs of 20 KB of text takes ~0.01 ms. Whole calls, CPU
-medians measured here, awkward vs strs: 5 KB 0.52 vs 0.16 ms, 20 KB 0.62 vs 0.27, 100 KB 1.04 vs
-0.82, 300 KB 2.0 vs 2.1, 4 MB 14 vs 20 (strs cost more per byte). Below this size strs win."""
+whatever its size. A list of Python bytes costs a copy of the text instead (Arrow makes them; a str
+per document would also decode the UTF-8, which gigatoken then encodes back: slower than awkward
+from ~300 KB on). Whole calls through ``encode_arrow``, CPU medians of 5 over real row groups
+(28 Nov), awkward vs bytes: 30 KB 0.56 vs 0.26 ms, 125 KB 1.04 vs 0.60, 0.5 MB 2.36 vs 1.85, 2 MB
+7.0 vs 6.5, 4 MB 15.1 vs 14.9, 6 MB 21.7 vs 22.8 (the copy costs more per byte). Below this size
+bytes win: a partition of ~0.5 MB saves ~0.5 ms, a tenth of its fixed cost (``docs/speed.md``)."""
 
 
 PADDED_MAX_CELLS = 256 * 2**10
