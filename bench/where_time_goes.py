@@ -13,7 +13,7 @@ in tokens per CPU second. ``--encoding`` takes any tokenizer ``--encoding`` does
 ``--whole`` runs the whole ``tokenize`` command (a local cluster) and says where all of its CPU
 goes: per process and thread, exactly, from /proc (``harness.run_metered``: the client and the
 scheduler's event loop in it, the forkserver, the workers' event loops and task threads), and
-within each, py-spy's samples of it (``pip install py-spy``; attached to the command and its
+within each, py-spy's samples of it (in the test extra, which `make` installs; attached to the command and its
 children, ``--nonblocking``), the top functions by own and by cumulative samples. Threads waiting
 (select, a lock, a queue, a pipe) are left out of the samples.
 """
@@ -171,7 +171,7 @@ def whole(a) -> None:
 
     spy = shutil.which("py-spy") or str(BIN / "py-spy")
     if not os.path.exists(spy):
-        raise SystemExit("--whole needs py-spy: pip install py-spy (into this venv)")
+        raise SystemExit("--whole needs py-spy: make install (the test extra has it), or pip install py-spy into this venv")
     files = sorted(glob.glob(a.pattern))
     folder = os.path.dirname(files[0]) if files else a.pattern
     out = tempfile.mkdtemp(prefix="where-time-goes-")
