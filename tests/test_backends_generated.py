@@ -1,0 +1,61 @@
+"""Generated texts through every fast backend's every path give tiktoken's ids (issue 57).
+
+The fast backends are exact only where they were checked. Their input and output paths change with
+a batch's size: gigatoken takes Python bytes up to ``BYTES_BELOW_BYTES`` and an awkward array past it,
+and returns a padded matrix up to ``PADDED_MAX_CELLS``. So each generated batch goes through each
+path (the thresholds are forced to either side), as Arrow columns of both offset widths and as
+Python strs. The ids are judged by tiktoken's ``encode_ordinary`` of each document, and by nothing
+of ours. A special token's text in a document is ordinary text.
+"""
+from __future__ import annotations
+
+from unittest import mock
+
+import pyarrow as pa
+import pytest
+from hypothesis import example, given, settings, strategies as st
+
+from tokenshards.encoding import backends
+from tokenshards.encoding.encoders import load_encoding
+
+FRAGMENTS = ["<|endoftext|>", "<|fim_prefix|>", " 's", "'ll", "\r\n", "\n\n", "  ", "\t", "123456", "🙂", "👨‍👩‍👧",
+             "e\u0301", "\ufeff", "\u200b", "\x00", "日本語", "שלום", " the", "A" * 40]
+"""Pieces that split or merge at the pattern's edges (contractions, runs of spaces and digits,
+line ends, joiners), special tokens' text, and scripts without spaces."""
+
+texts = st.lists(st.one_of(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40), st.sampled_from(FRAGMENTS)),
+                 max_size=8).map("".join)
+batches = st.lists(texts.filter(bool), min_size=1, max_size=12)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_encoding("gpt2").encoding
+
+
+@pytest.fixture(scope="module", params=backends.FAST_BACKENDS)
+def fast(request):
+    loaded = load_encoding("gpt2")
+    return backends.build_backend(request.param, loaded.encoding, loaded.params).fast
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=batches)
+@example(batch=["<|endoftext|>"])
+@example(batch=["a" * 5_000, " 's 'll\r\n\r\n", "🙂" * 300])
+def test_every_path_gives_tiktokens_ids(fast, reference, batch):
+    want = [reference.encode_ordinary(t) for t in batch]
+    flat_want = [i for w in want for i in w]
+    lengths_want = [len(w) for w in want]
+    paths = [(bytes_below, cells) for bytes_below in (0, 2**40) for cells in (0, 2**40)]
+    for bytes_below, cells in paths:
+        with mock.patch.object(backends, "BYTES_BELOW_BYTES", bytes_below), \
+                mock.patch.object(backends, "PADDED_MAX_CELLS", cells):
+            columns = [pa.array(batch, pa.string()), pa.array(batch, pa.large_string()),
+                       pa.array(["x", *batch], pa.string()).slice(1)]  # a slice: offsets that do not start at 0
+            for column in columns if hasattr(fast, "encode_arrow") else []:
+                flat, lengths = fast.encode_arrow(column)
+                assert lengths.tolist() == lengths_want, (bytes_below, cells, column.type)
+                assert flat.tolist() == flat_want, (bytes_below, cells, column.type)
+            flat, lengths = fast.encode_many(batch)
+            assert lengths.tolist() == lengths_want and flat.tolist() == flat_want, (bytes_below, cells, "strs")
