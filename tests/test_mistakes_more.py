@@ -376,6 +376,7 @@ def test_no_command_prints_a_traceback_for_a_mistake(corpus, small_run, tmp_path
     and a few more): each exits non-zero, and none prints a Python traceback or distributed's
     "Task exception was never retrieved"."""
     bad = _hostile_copies(small_run, tmp_path / "hostile")
+    bad_to_grow = _hostile_copies(small_run, tmp_path / "hostile-grown")  # tokenize --add takes OUT's lease: copies of its own
     a_file = tmp_path / "taken.txt"
     a_file.write_text("mine")
     data = corpus.parent
@@ -402,8 +403,12 @@ def test_no_command_prints_a_traceback_for_a_mistake(corpus, small_run, tmp_path
         "tokenize: misspelled option": (["tokenize", "--inptu", str(corpus), "--out", str(tmp_path / "o8")], None),
         "tokenize: more --encoding than --out": (["tokenize", "--input", str(corpus), "--out", str(tmp_path / "o9"),
                                                   "--encoding", "gpt2", "cl100k_base"], None),
-        "tokenize: a hostile done record's run": (["tokenize", "--input", str(corpus), "--out", str(bad["negative"]),
-                                                   *no_scheduler], None),
+        # --add reads OUT's manifest (through the one reader) before any cluster: without it, tokenize
+        # rebuilds the manifest from the done records and never reads it (this case once only waited
+        # 15 s for the unreachable scheduler, and never read the hostile run it names).
+        **{f"tokenize --add: hostile manifest ({name})": (["tokenize", "--add", "--input", str(corpus), "--out",
+                                                         str(bad_to_grow[name]), *no_scheduler], None)
+           for name in ("negative", "fifo")},
         # export
         "export: no such run": (["export", nothing, "--format", "npy", "--to", str(tmp_path / "e1")], None),
         "export: --to an existing file": (["export", str(small_run), "--format", "npy", "--to", str(a_file)], None),
