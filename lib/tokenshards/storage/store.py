@@ -267,12 +267,28 @@ def _cloud_filesystem(url: str, protocol: str, options: dict, policy: RetryPolic
         where = ("GOOGLE_APPLICATION_CREDENTIALS or --storage-option gcs='{\"token\": ...}'" if gcs else
                  "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT_NAME/..._KEY or --storage-option azure='{...}'")
         tokeninfo = ""
-        if gcs and "tokeninfo" in str(e):
+        asked = _failed_request_url(e)
+        if gcs and ("tokeninfo" in str(e) or "tokeninfo" in asked):
             # gcsfs asks Google for a raw token's expiry, with the token in the URL (scrubbed by UserError).
-            tokeninfo = ("; gcsfs asks Google's tokeninfo endpoint for a raw token's expiry: where that endpoint "
-                         "cannot be reached, set FETCH_RAW_TOKEN_EXPIRY=false (on every worker too)")
+            # A timeout's text names the host only: the request's URL is said then.
+            shown = "" if "tokeninfo" in str(e) else f" ({asked})"
+            tokeninfo = (f"; gcsfs asks Google's tokeninfo endpoint for a raw token's expiry{shown}: where that "
+                         "endpoint cannot be reached, set FETCH_RAW_TOKEN_EXPIRY=false (on every worker too)")
         raise UserError(f"cannot open {url!r}: its credentials could not be loaded ({type(e).__name__}: {_one_line(e)}); "
                         f"check {where} and the --storage-option keys{tokeninfo}") from e
+
+
+def _failed_request_url(e: BaseException) -> str:
+    """The URL of the HTTP request behind ``e`` or an error it carries (requests' errors hold their
+    request; a ReadTimeout's text names only the host), or ''."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        url = getattr(getattr(e, "request", None), "url", None)
+        if isinstance(url, str):
+            return url
+        e = e.__cause__ or e.__context__
+    return ""
 
 
 def _connect(fs: fsspec.AbstractFileSystem, url: str) -> None:
