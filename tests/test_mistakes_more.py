@@ -344,6 +344,25 @@ def test_an_export_whose_run_is_replaced_while_it_reads_says_so(small_run, tmp_p
     assert "damaged" not in printed and not (dest / "fineweb_export.json").exists(), printed
 
 
+def test_a_rerun_writes_a_damaged_manifest_again_from_the_done_records(corpus, small_run, tmp_path, cluster):
+    """The done records commit a run; its manifest is written from them. A rerun of the same command
+    over a finished run whose manifest was edited (a negative count) rewrites it as it was, and
+    verify says OK (docs/guide/tokenize.md, "Resuming")."""
+    out = tmp_path / "out"
+    shutil.copytree(small_run, out)
+    good = json.loads((out / "manifest.json").read_text())
+    damaged = json.loads(json.dumps(good))
+    damaged["partitions"][0]["tokens"] = -5
+    (out / "manifest.json").write_text(json.dumps(damaged))
+    code, printed = _cli("tokenize", "--input", str(corpus), "--out", str(out), "--scheduler", cluster.scheduler_address,
+                         "--partition-mb", "0.02", "--progress", "none")
+    assert code == 0 and "nothing to tokenize" in printed, printed
+    again = json.loads((out / "manifest.json").read_text())
+    assert again["partitions"] == good["partitions"] and again["totals"] == good["totals"]
+    code, printed = _cli("verify", str(out), "--scheduler", cluster.scheduler_address, "--progress", "none")
+    assert code == 0 and "OK" in printed, printed
+
+
 # -- every command's failure cases, none with a traceback ---------------------------------------------------
 
 def _hostile_copies(run: Path, root: Path) -> dict[str, Path]:
