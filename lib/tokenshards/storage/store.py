@@ -267,11 +267,11 @@ def _cloud_filesystem(url: str, protocol: str, options: dict, policy: RetryPolic
         where = ("GOOGLE_APPLICATION_CREDENTIALS or --storage-option gcs='{\"token\": ...}'" if gcs else
                  "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_ACCOUNT_NAME/..._KEY or --storage-option azure='{...}'")
         tokeninfo = ""
-        asked = _failed_request_url(e)
-        if gcs and ("tokeninfo" in str(e) or "tokeninfo" in asked):
+        named, asked = "tokeninfo" in str(e), _failed_request_url(e)
+        if gcs and (named or "tokeninfo" in asked):
             # gcsfs asks Google for a raw token's expiry, with the token in the URL (scrubbed by UserError).
             # A timeout's text names the host only: the request's URL is said then.
-            shown = "" if "tokeninfo" in str(e) else f" ({asked})"
+            shown = "" if named else f" ({asked})"
             tokeninfo = (f"; gcsfs asks Google's tokeninfo endpoint for a raw token's expiry{shown}: where that "
                          "endpoint cannot be reached, set FETCH_RAW_TOKEN_EXPIRY=false (on every worker too)")
         raise UserError(f"cannot open {url!r}: its credentials could not be loaded ({type(e).__name__}: {_one_line(e)}); "
