@@ -543,7 +543,7 @@ def _command_named(argv: Sequence[str]) -> str | None:
     """The command ``argv`` names: its first word that is not an option (the only option before a
     command, ``--debug``, takes no value). None before it is named, or when help is asked first
     (the command list then shows export's whole help line)."""
-    for word in argv:
+    for word in map(str, argv):
         if word in ("-h", "--help"):
             return None
         if not word.startswith("-"):
