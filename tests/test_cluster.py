@@ -391,7 +391,6 @@ def test_local_workers_fork_from_a_preloaded_server_and_ignore_ctrl_c(tmp_path):
     assert proc.stdout.strip() == repr([(preloaded, (100.0, 100.0), True, True, True)] * 2)
 
 
-
 FORKSERVER_START_PROBE = r"""
 import os, sys
 from tokenshards.cluster import prestart
@@ -419,6 +418,7 @@ def test_a_local_run_starts_its_forkserver_before_numpy_and_pyarrow(tmp_path, co
             "verify": ["verify", str(tmp_path / "out")]}[command]
     proc = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout.strip()) == (0, "[]"), proc.stderr
+
 
 PREBUILT_PROBE = r"""
 import sys

@@ -100,8 +100,7 @@ def test_every_command_that_takes_inputs_takes_several_after_one_flag():
         assert args.input == ["a.parquet", "b.parquet", "c.parquet"], name
 
 
-
-def test_a_command_line_naming_another_command_gets_the_same_parser_but_exports(capsys):
+def test_a_command_line_naming_another_command_gets_the_same_parser_but_exports():
     """build_parser(argv) leaves export's parser a placeholder when argv names another command
     (its formats import numpy and pyarrow): every other command's parser is the one the whole
     parser has, and OTHER_COMMANDS names exactly those."""
@@ -119,6 +118,7 @@ def test_a_command_line_naming_another_command_gets_the_same_parser_but_exports(
     assert commands(build_parser(["export"]))["export"].format_help() == whole["export"].format_help()
     for argv in (["-h", "tokenize"], ["--help"], []):  # the command list shows export's whole help line
         assert cli._command_named(argv) is None
+
 
 # -- llm.c exports: who reads them ---------------------------------------------------------------------
 def test_llmc_export_of_a_wide_vocabulary_says_who_can_read_it(cluster, tmp_path, capsys):

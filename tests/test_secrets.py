@@ -19,6 +19,8 @@ import json
 import logging
 import re
 import secrets
+import socket
+import threading
 import uuid
 from pathlib import Path
 from urllib.parse import quote, quote_plus
@@ -95,9 +97,6 @@ class _SilentTunnel:
     that or a ProxyError that names the URL, by timing: CI met the first, 28 Nov)."""
 
     def __init__(self):
-        import socket
-        import threading
-
         self.server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
         self.held: list = []
