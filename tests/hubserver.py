@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import copy
 import hashlib
 import json
 import os
@@ -148,6 +149,10 @@ class HubServer:
         self._faults: list[Fault] = []
         self._holds: list[tuple[re.Pattern, threading.Event, float]] = []
         self._lock = threading.Lock()
+        self._entries: dict[str, tuple[tuple, dict]] = {}
+        """Path → (the file's stat signature, its tree entry): the Hub stores a file's hashes at
+        commit; hashing it again for every listing, HEAD and GET made the server, in the client's
+        own process, the busiest thread of a test that times the client."""
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -345,13 +350,23 @@ class HubServer:
             return None
 
     def entry(self, path: str) -> dict:
+        """The tree entry of a file: its size and git and LFS hashes, computed once per version of it."""
+        st = (self.root / path).stat()
+        signature = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        cached = self._entries.get(path)
+        if cached is None or cached[0] != signature:
+            cached = self._entries[path] = (signature, self._hashed(path))
+        return copy.deepcopy(cached[1])  # a caller's changes stay its own
+
+    def _hashed(self, path: str) -> dict:
         data = (self.root / path).read_bytes()
         blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
         out = {"type": "file", "oid": blob, "size": len(data), "path": path}
         if path.endswith(LFS_SUFFIXES):
-            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{hashlib.sha256(data).hexdigest()}\nsize {len(data)}\n"
+            sha256 = hashlib.sha256(data).hexdigest()
+            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {len(data)}\n"
             out["oid"] = hashlib.sha1(b"blob %d\0" % len(pointer) + pointer.encode()).hexdigest()
-            out["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": len(pointer)}
+            out["lfs"] = {"oid": sha256, "size": len(data), "pointerSize": len(pointer)}
         return out
 
     def etag(self, path: str) -> str:
@@ -697,42 +712,46 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, entries[start:start + size], headers)
 
     def _file(self, file: str, *, head: bool, drop_after: int | None) -> None:
+        """A file, or the range of it asked for. Its bytes go from the page cache to the socket
+        (``sendfile``), as a server's would: this server runs on the client's own cores."""
         hub = self.hub
-        data = (hub.root / file).read_bytes()
+        path = hub.root / file
+        size = path.stat().st_size
         etag = hub.etag(file)
         headers = {"X-Repo-Commit": hub.commit, "ETag": f'"{etag}"', "Accept-Ranges": "bytes",
                    "Content-Type": "application/octet-stream"}
         if file.endswith(LFS_SUFFIXES):
-            headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data))})
-        status, body = 200, data
+            headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(size)})
+        status, first, length = 200, 0, size
         wanted = self.headers.get("Range")
         if wanted and not head:
             m = re.fullmatch(r"bytes=(\d+)-(\d*)", wanted.strip())
-            if not m or int(m.group(1)) >= len(data):
-                self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
+            if not m or int(m.group(1)) >= size:
+                self._send(416, b"", {"Content-Range": f"bytes */{size}"})
                 return
             first = int(m.group(1))
-            last = int(m.group(2)) if m.group(2) else len(data) - 1
-            body = data[first:last + 1]
+            last = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
+            length = max(0, last - first + 1)
             status = 206
-            headers["Content-Range"] = f"bytes {first}-{first + len(body) - 1}/{len(data)}"
-        headers["Content-Length"] = str(len(body))
+            headers["Content-Range"] = f"bytes {first}-{first + length - 1}/{size}"
+        headers["Content-Length"] = str(length)
         if not head and not _closed_range(wanted):
             hub._wait_if_held(file)
         if (hub.rate or hub.link_rate) and not head:
-            self._trickle(status, body, headers)
+            self._trickle(status, path, first, length, headers)
             return
         if drop_after is None or head:
-            self._send(status, body, headers, head=head)
+            self._send(status, b"" if head else _read(path, first, length), headers, head=head)
             return
         # Hang up mid-body: the client sees fewer bytes than Content-Length promised.
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
-        self.wfile.write(body[:drop_after])
+        part = _read(path, first, min(drop_after, length))
+        self.wfile.write(part)
         self.wfile.flush()
-        self.hub.requests.append(self._logged(-status, len(body[:drop_after])))
+        self.hub.requests.append(self._logged(-status, len(part)))
         self.hub._write_log(self.hub.requests[-1])
         self.close_connection = True
         try:
@@ -740,9 +759,9 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-
-    def _trickle(self, status: int, body: bytes, headers: dict) -> None:
-        """Send the body at ``hub.rate`` bytes/s and through ``hub.link_rate``; a client that hangs up just ends it."""
+    def _trickle(self, status: int, path: Path, first: int, length: int, headers: dict) -> None:
+        """Send ``length`` bytes of ``path`` from ``first`` at ``hub.rate`` bytes/s and through
+        ``hub.link_rate``; a client that hangs up just ends it."""
         hub = self.hub
         self.send_response(status)
         for k, v in headers.items():
@@ -751,21 +770,28 @@ class _Handler(BaseHTTPRequestHandler):
         step = max(1, min(r for r in (hub.rate, hub.link_rate) if r) // 20)
         sent = 0
         try:
-            for i in range(0, len(body), step):
-                chunk = body[i:i + step]
-                if hub.link_rate:
-                    hub._through_link(len(chunk))
-                self.wfile.write(chunk)
-                sent += len(chunk)
-                self.wfile.flush()
-                if hub.rate:
-                    time.sleep(len(chunk) / hub.rate)
+            with path.open("rb") as f:
+                while sent < length:
+                    n = min(step, length - sent)
+                    if hub.link_rate:
+                        hub._through_link(n)
+                    if self.connection.sendfile(f, first + sent, n) < n:
+                        raise ConnectionError(f"{path}: shorter than when its size was read")
+                    sent += n
+                    if hub.rate:
+                        time.sleep(n / hub.rate)
         except OSError:
             self.close_connection = True
             hub._write_log(self._logged(status, sent))
             return
         self.hub.requests.append(self._logged(status, sent))
         hub._write_log(self.hub.requests[-1])
+
+
+def _read(path: Path, first: int, length: int) -> bytes:
+    with path.open("rb") as f:
+        f.seek(first)
+        return f.read(length)
 
 
 def _closed_range(header: str | None) -> bool:
