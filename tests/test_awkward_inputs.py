@@ -121,19 +121,17 @@ def test_input_replaced_mid_run_stops_naming_it(cluster, tmp_path, gpt2):
                                         r"before partition \d+ mixed old and new content; rerun once the input is final$"):
         run_tokenize(config, announce=announce)
     assert not (tmp_path / "out" / "manifest.json").exists()
-    committed = list((tmp_path / "out" / "parts").glob("part-*.done.json"))
-    if committed and (tmp_path / "out" / JOB_FILE).exists():
-        # The same command again: the committed partitions were made from the old content.
-        with pytest.raises(UserError, match=r"already holds a different run \(inputs \(0 added, 0 removed, 1 changed"):
-            run_tokenize(config, announce=lambda m: None)
-        summary = run_tokenize(config.replace(overwrite=True), announce=lambda m: None)
-    elif committed:
-        # Stopped before its first commit, so the run removed its job file; then a task still running
-        # on this cluster (not the run's own: it goes on) committed its partition, while the run still
-        # held OUT's lease (resume.claim_output's docstring). Seen once in a CI run. That partition is
-        # of the old content, and another job's: the same command refuses it, and --overwrite replaces it.
-        with pytest.raises(UserError, match=r"already holds output that is not this run's; use another --out, "
-                                            r"or pass --overwrite to replace it$"):
+    if list((tmp_path / "out" / "parts").glob("part-*.done.json")):
+        # The same command again: the committed partitions were made from the old content. Mostly the
+        # run committed them and kept its job file. Once (a CI run) it had stopped before its first
+        # commit and removed its job file, and a task still running on this cluster (not the run's
+        # own: it goes on) committed its partition while the run still held OUT's lease
+        # (resume.claim_output's docstring): that partition is another job's.
+        if (tmp_path / "out" / JOB_FILE).exists():
+            refused = r"already holds a different run \(inputs \(0 added, 0 removed, 1 changed"
+        else:
+            refused = r"already holds output that is not this run's; use another --out, or pass --overwrite to replace it$"
+        with pytest.raises(UserError, match=refused):
             run_tokenize(config, announce=lambda m: None)
         summary = run_tokenize(config.replace(overwrite=True), announce=lambda m: None)
     else:
