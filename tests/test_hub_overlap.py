@@ -13,8 +13,8 @@ faster, and then measured 1.09-1.12x: too close to the bound for a shared 2-core
 
 The stand-in Hub runs in this process, beside the client it times: it keeps each file's hashes
 and sends bodies by sendfile (tests/hubserver.py). While it hashed the whole file for every
-request, the footers alone delayed the first download by 1.3-1.8 s, and fresh-clone runs measured
-1.17-1.27x (the serial part of CI failed three times).
+request, the footers alone delayed the first download by 1.3-1.8 s, and it measured 1.17-1.27x
+right after the parallel part (one CI run and two fresh-clone runs failed).
 """
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ def test_tokenizing_overlaps_a_capped_download(corpus, tokenize, tmp_path):
     tokenizing = alone.tokenize_seconds
     with HubServer(corpus, repo=REPO) as server:
         server.link_rate = int(sum(f.stat().st_size for f in files) / (tokenizing / 0.6))
+
         t0 = time.perf_counter()
         ds = _dataset(server, tmp_path / "download-alone")
         hub.download(ds, hub.list_files(ds), announce=lambda m: None)
