@@ -31,7 +31,7 @@ TOKENIZE_FLAGS = --out $(OUT) --encoding $(ENCODING) \
 	$(if $(CLUSTER),--cluster $(CLUSTER)) $(if $(REPORT),--report $(REPORT)) \
 	$(foreach o,$(STORAGE_OPTIONS),--storage-option $(o))
 
-.PHONY: install tokenize download test bench bench-pipeline bench-10b demo-corpus clean scheduler worker inspect verify export
+.PHONY: install tokenize download test bench bench-pipeline bench-bound bench-10b demo-corpus clean scheduler worker inspect verify export
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -154,6 +154,12 @@ bench: $(STAMP)
 # every wall-time ratio moves with what else runs, and the load is recorded beside each): bench/results-pipeline.json.
 bench-pipeline: $(STAMP)
 	$(BIN)/python bench/pipeline_case.py --mb $(PIPELINE_MB)
+
+# How close those ratios can come while the checks stay (~5 min): the checks' CPU alone (spot check, UTF-8
+# validation, sha256), interleaved with the bare pipeline, and with Dask's own cost per task added; and one more
+# partition's spot check and three files: bench/results-checks-bound.json.
+bench-bound: $(STAMP)
+	$(BIN)/python bench/checks_bound.py --mb $(PIPELINE_MB)
 
 # A real 10-billion-token run on this machine (issue 57): the corpus (~26 GB of text, make_corpus's ~1 GB pool
 # repeated), tokenize (gpt2), verify --deep, inspect and a shuffled llmc export where the disk allows (~53 GB in all;

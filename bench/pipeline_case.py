@@ -167,20 +167,31 @@ def describe(m: dict) -> list[str]:
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments(description: str, out: Path) -> argparse.ArgumentParser:
+    """The options of a case against the bare pipeline (this one, ``checks_bound.py``)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=1000, help="text in the corpus (default 1000 MB: the issue's figures)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workers", type=int, default=os.cpu_count())
-    ap.add_argument("--tokenizers", type=lambda s: s.split(","), default=list(TOKENIZERS), help="gpt2,llama3,qwen3")
-    ap.add_argument("--no-partitions", action="store_true", help="leave out the partitions case")
+    ap.add_argument("--tokenizers", type=tokenizer_names, default=list(TOKENIZERS), help="gpt2,llama3,qwen3")
     ap.add_argument("--scratch", type=Path, default=HERE / "scratch", help="tokenizer folders (npm), kept")
     ap.add_argument("--corpus-dir", type=Path, default=HERE / "corpus")
-    ap.add_argument("--out", type=Path, default=HERE / "results-pipeline.json")
-    a = ap.parse_args()
-    unknown = sorted(set(a.tokenizers) - set(TOKENIZERS))
+    ap.add_argument("--out", type=Path, default=out)
+    return ap
+
+
+def tokenizer_names(text: str) -> list[str]:
+    names = text.split(",")
+    unknown = sorted(set(names) - set(TOKENIZERS))
     if unknown:
-        raise SystemExit(f"--tokenizers {','.join(unknown)}: unknown; expected some of {','.join(TOKENIZERS)}")
+        raise argparse.ArgumentTypeError(f"unknown: {','.join(unknown)}; expected some of {','.join(TOKENIZERS)}")
+    return names
+
+
+def main() -> None:
+    ap = arguments(__doc__, HERE / "results-pipeline.json")
+    ap.add_argument("--no-partitions", action="store_true", help="leave out the partitions case")
+    a = ap.parse_args()
     if not (SHARED / "bare_pipeline.py").exists():
         raise SystemExit(f"{SHARED}/bare_pipeline.py not found: the ceiling lives in shared/bench")
     corpus, source = build_corpus(a.corpus_dir / f"{a.mb:g}mb-all-seed{HELD_OUT_SEED}", a.mb)
@@ -189,9 +200,13 @@ def main() -> None:
                     tokenizers=tuple(a.tokenizers))
         if not a.no_partitions:
             m["partitions"] = partitions(a.mb, workers=a.workers, repeats=a.repeats, scratch=Path(tmp), corpus_dir=a.corpus_dir)
-    m["corpus_source"], m["mb"] = source, a.mb
+    report(a, {**m, "corpus_source": source, "mb": a.mb}, describe(m))
+
+
+def report(a, m: dict, lines: list[str]) -> None:
+    """``m`` into ``--out``, ``lines`` printed."""
     a.out.write_text(json.dumps(m, indent=1) + "\n")
-    print("\n".join(describe(m)))
+    print("\n".join(lines))
     print(f"written to {a.out}")
 
 

@@ -44,3 +44,20 @@ def test_bench_report_says_what_the_whole_command_target_left_our_phase(capsys, 
     lines = re.findall(r"whole-command target allowed \d+\.\d\d s .*? left the phase \d+\.\d\dx bare gigatoken's encode",
                        capsys.readouterr().out)
     assert len(lines) == len(results["corpora"]), lines
+
+
+def test_checks_bound_measures_each_check_a_run_keeps(tmp_path, monkeypatch):
+    """``make bench-bound`` times the product's own checks (its spot-check sample, its planner, its
+    writes): a rename there must fail here. Its report is also made from the kept 1 GB results."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import checks_bound
+
+    build_demo_corpus(tmp_path / "corpus", files=2)
+    checks = checks_bound.check_seconds(str(tmp_path / "corpus" / "*.parquet"), "gpt2", tokens=100_000)
+    assert checks["partitions"] >= 2 and checks["spot_check"] > 0 and checks["sha256"] > 0, checks
+    assert checks["all"] == checks["spot_check"] + checks["utf8"] + checks["sha256"]
+    assert checks_bound.files_seconds(tmp_path) > 0
+    assert len(list(tmp_path.glob("part-*"))) == checks_bound.FILES_REPEATS * len(checks_bound.PARTITION_FILE_BYTES)
+    kept = json.loads((REPO / "bench" / "results-checks-bound.json").read_text())
+    lines = checks_bound.describe(kept)
+    assert [line.split()[0] for line in lines[1:]] == ["gpt2", "llama3", "qwen3"], lines
