@@ -107,7 +107,7 @@ def _tokenizers() -> dict:
     for base in sorted({BASE.get(name, "qwen3") for name in TWINS}):
         tok = AutoTokenizer.from_pretrained(npm_tokenizer(base))
         literals = "\0".join(_get_template_literal_text(t) for name, twin in TWINS.items() if BASE.get(name, "qwen3") == base
-                             for t in (twin.read_text(), twin.with_name(twin.name.replace("_training", "")).read_text()))
+                             for t in (twin.read_text(), published(twin).read_text()))
         tok.add_tokens(sorted(set(CONTROL.findall(literals)) - set(tok.get_vocab())), special_tokens=True)
         out[base] = tok
     return out
@@ -118,12 +118,17 @@ def tokenizers() -> dict:
     return _tokenizers()
 
 
+def published(twin: Path) -> Path:
+    """The published template beside TRL's training twin."""
+    return twin.with_name(twin.name.replace("_training", ""))
+
+
 def judged(tokenizers, name: str, conversation: list[dict], tools=None):
     """(ours, TRL's) for one conversation: ours a ``ChatRow`` or ``BadRow``; TRL's (ids, mask), or
     None where the twin refuses the conversation."""
     tok = tokenizers[BASE.get(name, "qwen3")]
     twin = TWINS[name]
-    ours = chat.ChatTemplate(tok, twin.with_name(twin.name.replace("_training", "")).read_text())
+    ours = chat.ChatTemplate(tok, published(twin).read_text())
     row = ours.encode(chat.messages_of(conversation), tools)
     try:
         want = tok.apply_chat_template(conversation, tools=tools, chat_template=twin.read_text(), tokenize=True,
@@ -371,3 +376,24 @@ def test_a_bad_chat_template_file_is_one_line(folders_cli, tmp_path, capsys, con
     assert code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith("tokenshards: error:")]
     assert len(lines) == 1 and f"--chat-template {path}" in lines[0] and says in lines[0], lines
+
+
+def test_a_template_whose_turns_have_no_end_is_warned_of():
+    """GLM-4's published template ends an assistant turn with its text (the model stops by writing
+    the next turn's header, which the turn rule leaves to the next turn): warned of, before any work,
+    with what to pass instead. Every other published template, and every training twin, is not."""
+    warned = {name for name, twin in TWINS.items() if chat.stop_warning(published(twin).read_text(), {})}
+    assert warned == {"glm4moe"}
+    assert not any(chat.stop_warning(twin.read_text(), {}) for twin in TWINS.values())
+
+
+def test_a_run_through_such_a_template_says_so_once(folders_cli, cluster, tmp_path, capsys):
+    """The warning reaches the user of a run, once, beside the chat note; TRL's twin draws none."""
+    args = ["--input", str(folders_cli["inputs"]), "--encoding", str(npm_tokenizer("qwen3")), "--chat-column", "messages",
+            "--scheduler", cluster.scheduler_address, "--progress", "none"]
+    assert main(["tokenize", "--out", str(tmp_path / "glm"), *args, "--chat-template",
+                 str(published(TWINS["glm4moe"]))]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if line.startswith("chat: warning:")]
+    assert len(warned) == 1 and "--chat-template FILE" in warned[0] and "{% generation %}" in warned[0], warned
+    assert main(["tokenize", "--out", str(tmp_path / "twin"), *args, "--chat-template", str(TWINS["glm4moe"])]) == 0
+    assert "chat: warning" not in capsys.readouterr().err

@@ -423,6 +423,42 @@ def special_tokens_of(config: dict) -> dict[str, str]:
     return out
 
 
+PROBE_ASKED = [{"role": "user", "content": "Hi"}]
+PROBE_ANSWERED = [{"role": "assistant", "content": "Hello"}]
+"""The conversation the checks below render a template on, before any work."""
+
+
+def _renderer(template: str, special_tokens: dict[str, str]):
+    from transformers.utils.chat_template_utils import render_jinja_template  # heavy: transformers
+
+    def render(messages, prompt=False):
+        return render_jinja_template(conversations=[messages], chat_template=template, add_generation_prompt=prompt,
+                                     **special_tokens)[0][0]
+
+    return render
+
+
+def stop_warning(template: str, special_tokens: dict[str, str]) -> str | None:
+    """A warning when the template ends an assistant turn with its text and writes no end of turn
+    (GLM-4's: the next turn's header, ``<|user|>`` or ``<|observation|>``, is what the model writes to
+    stop). The turn rule leaves that header to the next turn, so the mask would not teach the model
+    to stop; TRL's training twin marks it. None for a template that marks ``{% generation %}`` (its
+    marks decide) or that the probe conversation does not render."""
+    if GENERATION_RE.search(template):
+        return None
+    content = PROBE_ANSWERED[0]["content"]
+    try:
+        rendered = _renderer(template, special_tokens)(PROBE_ASKED + PROBE_ANSWERED)
+    except TEMPLATE_ERRORS:
+        return None
+    if content not in rendered or rendered[rendered.rindex(content) + len(content):].strip():
+        return None
+    return ("chat: warning: the template ends an assistant turn with its text and no end-of-turn token (the model "
+            "stops by writing the next turn's header, GLM-4's way), which the turn rule leaves to the next turn: "
+            "the mask will not teach the model to stop. To train the stop, pass --chat-template FILE with a "
+            "template that marks {% generation %} (TRL's *_training.jinja marks that header)")
+
+
 def check_turn_rule(template: str, special_tokens: dict[str, str]) -> None:
     """Refuse, in one line, a template whose turns the turn rule cannot read: one that writes the
     same text with and without a generation prompt and, at the end of a conversation, more than its
@@ -432,13 +468,8 @@ def check_turn_rule(template: str, special_tokens: dict[str, str]) -> None:
     is read as any other. Templates that mark ``{% generation %}`` need no such reading."""
     if GENERATION_RE.search(template):
         return
-    from transformers.utils.chat_template_utils import render_jinja_template  # heavy: transformers
-
-    def render(messages, prompt=False):
-        return render_jinja_template(conversations=[messages], chat_template=template, add_generation_prompt=prompt,
-                                     **special_tokens)[0][0]
-
-    asked, answered = [{"role": "user", "content": "Hi"}], [{"role": "assistant", "content": "Hello"}]
+    render = _renderer(template, special_tokens)
+    asked, answered = PROBE_ASKED, PROBE_ANSWERED
     try:
         if render(asked) != render(asked, prompt=True):
             return

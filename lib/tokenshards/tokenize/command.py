@@ -26,8 +26,8 @@ from ..encoding import prebuilt
 from ..encoding import registry
 from ..encoding.backends import backend_version, check_request
 from ..encoding.boundaries import Boundaries
-from ..encoding.chat import (GENERATION_RE, check_turn_rule, read_template_file, special_tokens_of, template_of,
-                             tool_template_of)
+from ..encoding.chat import (GENERATION_RE, check_turn_rule, read_template_file, special_tokens_of, stop_warning,
+                             template_of, tool_template_of)
 from ..encoding.plugin import EncoderPlugin
 from ..errors import UserError
 from ..corpus.gather import Corpus, find_inputs, gather, open_inputs
@@ -305,7 +305,8 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
         o.loaded = loaded[name] = loaded.get(name) or registry.load(name, announce=encoding_notes.append)
         o.boundaries = o.config.boundaries(o.loaded)
         if config.chat_column is not None:
-            o.chat = chat_block(config, o.loaded)
+            warnings: list[str] = []
+            o.chat = chat_block(config, o.loaded, warn=warnings.append)
             whose = f"the chat template in {config.chat_template}" if config.chat_template is not None \
                 else f"{o.loaded.name}'s chat template"
             encoding_notes.append(f"chat: conversations in column {config.chat_column!r} rendered through {whose}; "
@@ -314,6 +315,7 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
                                      else "the turn rule (read off the template's renderings of each turn; it marks "
                                           "no {% generation %}: docs/chat.md)")
                                   + _tools_note(config))
+            encoding_notes += warnings
         elif not o.loaded.legacy or not o.boundaries.single:
             encoding_notes.append(o.about(f"boundaries: {o.boundaries.describe(o.loaded.token_name)} "
                                           f"({o.boundaries.why})"))
@@ -538,9 +540,10 @@ def _tools_note(config: TokenizeConfig) -> str:
     return f"; each row's tools from column {tools[0]!r}" + ("" if tools[1] else " where an input has one")
 
 
-def chat_block(config: TokenizeConfig, loaded) -> dict:
+def chat_block(config: TokenizeConfig, loaded, *, warn: Callable[[str], None] = lambda line: None) -> dict:
     """The manifest's (and job identity's) ``chat`` block; a tokenizer without a chat template, or a
-    template whose turns cannot be read, is refused here, in one line, before any work.
+    template whose turns cannot be read, is refused here, in one line, before any work; one whose
+    turns have no end the model could learn is ``warn``ed of (``chat.stop_warning``).
     ``--chat-template``'s text is recorded whole (``template``), so that verify renders with it."""
     if getattr(loaded, "kind", "") != "hf":
         raise UserError(f"--chat-column needs a Hugging Face tokenizer with a chat template (tokenizer.json + "
@@ -553,6 +556,9 @@ def chat_block(config: TokenizeConfig, loaded) -> dict:
     else:
         template, tool_template, given = template_of(parsed, name=config.encoding), tool_template_of(parsed), {}
     check_turn_rule(template, special_tokens_of(parsed))
+    warning = stop_warning(template, special_tokens_of(parsed))
+    if warning:
+        warn(warning)
     tool_use = {"tool_use_template_sha256": hashlib.sha256(tool_template.encode()).hexdigest()} if tool_template else {}
     return {"column": config.chat_column, "template_sha256": hashlib.sha256(template.encode()).hexdigest(), **tool_use,
             **given, "mask": "generation" if GENERATION_RE.search(template) else "turn",
