@@ -305,8 +305,8 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
         o.loaded = loaded[name] = loaded.get(name) or registry.load(name, announce=encoding_notes.append)
         o.boundaries = o.config.boundaries(o.loaded)
         if config.chat_column is not None:
-            warnings: list[str] = []
-            o.chat = chat_block(config, o.loaded, warn=warnings.append)
+            chat_warnings: list[str] = []
+            o.chat = chat_block(config, o.loaded, warn=chat_warnings.append)
             whose = f"the chat template in {config.chat_template}" if config.chat_template is not None \
                 else f"{o.loaded.name}'s chat template"
             encoding_notes.append(f"chat: conversations in column {config.chat_column!r} rendered through {whose}; "
@@ -315,7 +315,7 @@ def _run_owned(config: TokenizeConfig, sources: list, outs: list[_Output], *, t0
                                      else "the turn rule (read off the template's renderings of each turn; it marks "
                                           "no {% generation %}: docs/chat.md)")
                                   + _tools_note(config))
-            encoding_notes += warnings
+            encoding_notes += chat_warnings
         elif not o.loaded.legacy or not o.boundaries.single:
             encoding_notes.append(o.about(f"boundaries: {o.boundaries.describe(o.loaded.token_name)} "
                                           f"({o.boundaries.why})"))
