@@ -105,8 +105,8 @@ def measure(corpus: Path, *, workers: int, repeats: int, scratch: Path, cache: P
             bare = run_bare(pattern, workers, scratch, folder=folder, eot_id=eot_id, eot=eot)
             checks = check_seconds(pattern, encoding or str(folder / "tokenizer.json"), bare["tokens"])
             bound = bare["seconds"] / (bare["seconds"] + checks["all"] / workers)
-            with tempfile.TemporaryDirectory(dir=corpus.parent) as folder:
-                files = files_seconds(Path(folder))
+            with tempfile.TemporaryDirectory(dir=corpus.parent) as written:
+                files = files_seconds(Path(written))
             with_dask = bare["seconds"] / (bare["seconds"] + (checks["all"] + checks["partitions"] * task_ms / 1e3) / workers)
             partition_ms = (checks["spot_check"] / checks["partitions"] + files) * 1e3
             runs[name].append({"bare": bare, "checks_cpu_seconds": checks, "bound": bound, "bound_with_dask": with_dask,
