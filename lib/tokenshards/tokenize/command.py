@@ -555,8 +555,9 @@ def chat_block(config: TokenizeConfig, loaded, *, warn: Callable[[str], None] = 
         given = {"template_file": config.chat_template, "template": template}
     else:
         template, tool_template, given = template_of(parsed, name=config.encoding), tool_template_of(parsed), {}
-    check_turn_rule(template, special_tokens_of(parsed))
-    warning = stop_warning(template, special_tokens_of(parsed))
+    special_tokens = special_tokens_of(parsed)
+    check_turn_rule(template, special_tokens)
+    warning = stop_warning(template, special_tokens)
     if warning:
         warn(warning)
     tool_use = {"tool_use_template_sha256": hashlib.sha256(tool_template.encode()).hexdigest()} if tool_template else {}
